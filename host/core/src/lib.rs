@@ -1,0 +1,33 @@
+//! Fief's coordination core: the decisions that keep every key single-owned.
+//!
+//! This crate owns the logic of leases, fencing, partitions and routing. It is
+//! deterministic and does no I/O: it never reads a clock, opens a socket,
+//! spawns a task or draws a random number. Callers pass time in as
+//! [`Instant`] values and carry out the decisions it returns. That is what lets
+//! tests step time by hand and what lets the simulation drive the very code the
+//! node runs. Cargo enforces it: this crate depends on `std` only.
+//!
+//! The map of the crate:
+//! - [`time`]: the monotonic [`Instant`] the core reasons in, and the [`Clock`]
+//!   trait the outer layer implements.
+//! - [`lease`]: lease timing rules and the node's view of its own lease: when
+//!   it must renew and the *fence point* after which it may not act.
+//! - [`fence`]: the fence modes (`terminate`, `continue`, `callback`) and the
+//!   budget check that a callback deadline fits inside the fence margin.
+//! - [`partition`]: the stable key → partition hash, identical in every language.
+//! - [`ownership`]: the partition table (partition → owner, epoch, ownership
+//!   token) and the routing decision for one key.
+
+#![forbid(unsafe_code)]
+
+pub mod fence;
+pub mod lease;
+pub mod ownership;
+pub mod partition;
+pub mod time;
+
+pub use fence::{FenceBudget, OnFence};
+pub use lease::{Lease, LeaseStatus, LeaseTiming, TimingError};
+pub use ownership::{NodeId, OwnershipTable, OwnershipToken, Route, RouteRefusal};
+pub use partition::{PartitionCount, PartitionId};
+pub use time::{Clock, Instant, ManualClock};
