@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod assignment;
 pub mod fence;
 pub mod lease;
 pub mod ownership;

@@ -115,7 +115,9 @@ impl OwnershipTable {
 
     /// The owner of `partition`, if any.
     pub fn owner(&self, partition: PartitionId) -> Option<&Assignment> {
-        self.owners.get(partition.0 as usize).and_then(Option::as_ref)
+        self.owners
+            .get(partition.0 as usize)
+            .and_then(Option::as_ref)
     }
 
     /// Every partition with its owner.

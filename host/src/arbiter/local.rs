@@ -1,0 +1,267 @@
+//! The in-process arbiter: the embedded default for one node, and the shared
+//! arbiter for several nodes in one process (tests, a one-machine demo).
+//!
+//! It judges lease expiry on its own [`Clock`] (a stepped clock in tests).
+//! It can be told that a node cannot reach it, or that it is down for
+//! everyone, which is how tests cut node ↔ arbiter links.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fief_core::{Clock, Instant, NodeId, OwnershipTable, PartitionCount, PartitionId};
+
+use super::{Arbiter, ArbiterError, ArbiterFuture, LeaseId, Term};
+use crate::key::lock;
+
+struct LeaseRecord {
+    id: LeaseId,
+    committed_at: Instant,
+    ttl: Duration,
+}
+
+impl LeaseRecord {
+    fn is_current(&self, now: Instant) -> bool {
+        now < self.committed_at + self.ttl
+    }
+}
+
+struct Namespace {
+    leases: BTreeMap<NodeId, LeaseRecord>,
+    table: OwnershipTable,
+    leader: Option<(NodeId, LeaseId)>,
+    term: u64,
+}
+
+impl Namespace {
+    fn lease_current(&self, node: &NodeId, lease: LeaseId, now: Instant) -> bool {
+        self.leases
+            .get(node)
+            .is_some_and(|r| r.id == lease && r.is_current(now))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    namespaces: HashMap<String, Namespace>,
+    unreachable: HashSet<NodeId>,
+    down: bool,
+    next_lease: u64,
+}
+
+/// The in-process arbiter. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct LocalArbiter {
+    clock: Arc<dyn Clock>,
+    partitions: PartitionCount,
+    state: Arc<Mutex<State>>,
+}
+
+impl LocalArbiter {
+    /// An arbiter judging time on `clock`, for namespaces of `partitions`.
+    pub fn new(clock: Arc<dyn Clock>, partitions: PartitionCount) -> Self {
+        LocalArbiter {
+            clock,
+            partitions,
+            state: Arc::new(Mutex::new(State::default())),
+        }
+    }
+
+    /// Make `node` unable (or able again) to reach the arbiter.
+    pub fn set_reachable(&self, node: &NodeId, reachable: bool) {
+        let mut state = lock(&self.state);
+        if reachable {
+            state.unreachable.remove(node);
+        } else {
+            state.unreachable.insert(node.clone());
+        }
+    }
+
+    /// Take the arbiter down for everyone, or bring it back.
+    pub fn set_down(&self, down: bool) {
+        lock(&self.state).down = down;
+    }
+
+    fn with<T: Send + 'static>(
+        &self,
+        namespace: &str,
+        node: Option<&NodeId>,
+        f: impl FnOnce(&mut State, Instant) -> Result<T, ArbiterError>,
+    ) -> ArbiterFuture<'static, T> {
+        let now = self.clock.now();
+        let mut state = lock(&self.state);
+        let result = if state.down {
+            Err(ArbiterError::Unreachable("the arbiter is down".to_owned()))
+        } else if node.is_some_and(|n| state.unreachable.contains(n)) {
+            Err(ArbiterError::Unreachable(
+                "this node is cut off from the arbiter".to_owned(),
+            ))
+        } else {
+            let partitions = self.partitions;
+            state
+                .namespaces
+                .entry(namespace.to_owned())
+                .or_insert_with(|| Namespace {
+                    leases: BTreeMap::new(),
+                    table: OwnershipTable::new(partitions),
+                    leader: None,
+                    term: 0,
+                });
+            f(&mut state, now)
+        };
+        Box::pin(std::future::ready(result))
+    }
+}
+
+fn ns<'a>(state: &'a mut State, namespace: &str) -> &'a mut Namespace {
+    state
+        .namespaces
+        .get_mut(namespace)
+        .expect("namespace created by LocalArbiter::with")
+}
+
+impl Arbiter for LocalArbiter {
+    fn register<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        ttl: Duration,
+    ) -> ArbiterFuture<'a, LeaseId> {
+        let node2 = node.clone();
+        self.with(namespace, Some(node), move |state, now| {
+            state.next_lease += 1;
+            let id = LeaseId(state.next_lease);
+            let ns = ns(state, namespace);
+            if ns.leases.get(&node2).is_some_and(|r| r.is_current(now)) {
+                return Err(ArbiterError::Refused(format!(
+                    "node {node2} already holds a current lease; a node id must be unique in its namespace"
+                )));
+            }
+            ns.leases.insert(
+                node2,
+                LeaseRecord {
+                    id,
+                    committed_at: now,
+                    ttl,
+                },
+            );
+            Ok(id)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        let node2 = node.clone();
+        self.with(namespace, Some(node), move |state, now| {
+            let ns = ns(state, namespace);
+            match ns.leases.get_mut(&node2) {
+                Some(r) if r.id == lease && r.is_current(now) => {
+                    r.committed_at = now;
+                    Ok(())
+                }
+                _ => Err(ArbiterError::LeaseExpired(lease)),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        let node2 = node.clone();
+        self.with(namespace, Some(node), move |state, _| {
+            let ns = ns(state, namespace);
+            if ns.leases.get(&node2).is_some_and(|r| r.id == lease) {
+                ns.leases.remove(&node2);
+            }
+            Ok(())
+        })
+    }
+
+    fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<NodeId>> {
+        self.with(namespace, None, move |state, now| {
+            Ok(ns(state, namespace)
+                .leases
+                .iter()
+                .filter(|(_, r)| r.is_current(now))
+                .map(|(n, _)| n.clone())
+                .collect())
+        })
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, Option<Term>> {
+        let node2 = node.clone();
+        self.with(namespace, Some(node), move |state, now| {
+            let ns = ns(state, namespace);
+            if !ns.lease_current(&node2, lease, now) {
+                return Err(ArbiterError::LeaseExpired(lease));
+            }
+            let leader_alive = ns
+                .leader
+                .as_ref()
+                .is_some_and(|(n, l)| ns.lease_current(n, *l, now));
+            match &ns.leader {
+                Some((n, l)) if leader_alive && n == &node2 && *l == lease => {
+                    Ok(Some(Term(ns.term)))
+                }
+                _ if leader_alive => Ok(None),
+                _ => {
+                    ns.term += 1;
+                    ns.leader = Some((node2, lease));
+                    Ok(Some(Term(ns.term)))
+                }
+            }
+        })
+    }
+
+    fn table<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, OwnershipTable> {
+        self.with(namespace, None, move |state, _| {
+            Ok(ns(state, namespace).table.clone())
+        })
+    }
+
+    fn write_table<'a>(
+        &'a self,
+        namespace: &'a str,
+        term: Term,
+        changes: Vec<(PartitionId, Option<NodeId>)>,
+    ) -> ArbiterFuture<'a, OwnershipTable> {
+        self.with(namespace, None, move |state, now| {
+            let ns = ns(state, namespace);
+            let leader_ok = ns.term == term.0
+                && ns
+                    .leader
+                    .as_ref()
+                    .is_some_and(|(n, l)| ns.lease_current(n, *l, now));
+            if !leader_ok {
+                return Err(ArbiterError::NotLeader(Some(Term(ns.term))));
+            }
+            for (partition, _) in &changes {
+                if let Some(owner) = ns.table.owner(*partition)
+                    && ns
+                        .leases
+                        .get(&owner.node)
+                        .is_some_and(|r| r.is_current(now))
+                {
+                    return Err(ArbiterError::Refused(format!(
+                        "partition {partition} is owned by {} whose lease is still current",
+                        owner.node
+                    )));
+                }
+            }
+            ns.table.reassign(changes);
+            Ok(ns.table.clone())
+        })
+    }
+}

@@ -1,0 +1,417 @@
+//! Configuration of a node and of a module, with the checks that refuse a
+//! configuration that cannot work.
+//!
+//! [`NodeConfig`] is read from a TOML file, `FIEF_*` environment variables
+//! and flags (the CLI layers them); [`ModuleOptions`] come with a deploy.
+//! Durations are written as `5s`, `500ms`; sizes as `64MiB`. Everything an
+//! outsider can make the node allocate has a named limit here.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fief_core::fence::{DEFAULT_HANDLE_FENCE_DEADLINE, DEFAULT_KILL_BOUND};
+use fief_core::lease::{
+    DEFAULT_FENCE_MARGIN, DEFAULT_LEASE_TTL, DEFAULT_MAX_CLOCK_DRIFT_PPM, DEFAULT_RENEW_INTERVAL,
+};
+use fief_core::partition::DEFAULT_PARTITIONS;
+use fief_core::{FenceBudget, LeaseTiming, OnFence, PartitionCount};
+use serde::{Deserialize, Serialize};
+
+/// Byte sizes in options and config (`64MiB`).
+pub use bytesize::ByteSize;
+
+use crate::error::{Error, Result};
+
+/// Longest key name, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Configuration of one node (one instance of a namespace).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The namespace: every node of one cluster uses the same.
+    pub namespace: String,
+    /// This node's id, unique within the namespace.
+    pub node_id: String,
+    /// Address of the HTTP API.
+    pub listen: SocketAddr,
+    /// Lease time-to-live at the arbiter.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How often the lease is renewed.
+    #[serde(with = "humantime_serde")]
+    pub renew_interval: Duration,
+    /// How long before the arbiter's expiry the node fences itself.
+    #[serde(with = "humantime_serde")]
+    pub fence_margin: Duration,
+    /// Bound on clock-rate drift between node and arbiter, parts per million.
+    pub max_clock_drift_ppm: u32,
+    /// Partitions in the namespace; fixed for its lifetime.
+    pub partitions: u32,
+    /// Period of the epoch ticker that interrupts running guests.
+    #[serde(with = "humantime_serde")]
+    pub epoch_tick: Duration,
+    /// Bound on the time from a kill to "no guest code of that key runs".
+    #[serde(with = "humantime_serde")]
+    pub kill_bound: Duration,
+    /// Largest message or reply accepted, in bytes.
+    pub max_message_size: ByteSize,
+    /// Most key processes live at once on this node, over all modules (the
+    /// size of the instance pool).
+    pub max_live_keys: u32,
+    /// Largest linear memory any key may have; a module's `memory_limit` must
+    /// not exceed it (it sizes each slot of the instance pool).
+    pub max_memory_per_key: ByteSize,
+    /// How long a call waits for a reply before it fails with `timeout`.
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            namespace: "default".to_owned(),
+            node_id: "node-1".to_owned(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            renew_interval: DEFAULT_RENEW_INTERVAL,
+            fence_margin: DEFAULT_FENCE_MARGIN,
+            max_clock_drift_ppm: DEFAULT_MAX_CLOCK_DRIFT_PPM,
+            partitions: DEFAULT_PARTITIONS,
+            epoch_tick: Duration::from_millis(1),
+            kill_bound: DEFAULT_KILL_BOUND,
+            max_message_size: ByteSize::mib(1),
+            max_live_keys: 10_000,
+            max_memory_per_key: ByteSize::mib(256),
+            call_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// The lease timing, checked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the numbers when the timing cannot be safe.
+    pub fn lease_timing(&self) -> Result<LeaseTiming> {
+        LeaseTiming::new(
+            self.lease_ttl,
+            self.renew_interval,
+            self.fence_margin,
+            self.max_clock_drift_ppm,
+        )
+        .map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// The fence budget of this node.
+    pub fn fence_budget(&self) -> FenceBudget {
+        FenceBudget {
+            kill_bound: self.kill_bound,
+        }
+    }
+
+    /// Check the whole configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] saying which value is wrong and why.
+    pub fn validate(&self) -> Result<()> {
+        let timing = self.lease_timing()?;
+        let bad = |m: String| Err(Error::Config(m));
+        if self.namespace.is_empty() || self.node_id.is_empty() {
+            return bad("namespace and node_id must not be empty".to_owned());
+        }
+        PartitionCount::new(self.partitions).map_err(Error::Config)?;
+        if self.epoch_tick.is_zero() || self.epoch_tick > Duration::from_millis(100) {
+            return bad(format!(
+                "epoch_tick ({:?}) must be above zero and at most 100ms: it bounds how fast a running guest can be killed",
+                self.epoch_tick
+            ));
+        }
+        if self.kill_bound < self.epoch_tick * 2 {
+            return bad(format!(
+                "kill_bound ({:?}) must be at least two epoch ticks ({:?}): a running guest notices a kill at the next tick",
+                self.kill_bound,
+                self.epoch_tick * 2
+            ));
+        }
+        if self.max_live_keys == 0 {
+            return bad("max_live_keys must be at least 1".to_owned());
+        }
+        if self.max_message_size.as_u64() == 0 || self.max_message_size > ByteSize::mib(64) {
+            return bad(format!(
+                "max_message_size ({}) must be between 1 byte and 64 MiB",
+                self.max_message_size
+            ));
+        }
+        if self.max_memory_per_key < ByteSize::mib(1) || self.max_memory_per_key > ByteSize::gib(4)
+        {
+            return bad(format!(
+                "max_memory_per_key ({}) must be between 1 MiB and 4 GiB",
+                self.max_memory_per_key
+            ));
+        }
+        // The default module options must fit this node, or nothing deploys.
+        ModuleOptions::default().validate_for(self, &timing)
+    }
+
+    /// The partition count, as the core's type.
+    pub(crate) fn partition_count(&self) -> PartitionCount {
+        PartitionCount::new(self.partitions).unwrap_or_default()
+    }
+}
+
+/// How a module's keys run: fence mode and resource limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModuleOptions {
+    /// What happens to the module's keys when their node fences.
+    #[serde(with = "on_fence_serde")]
+    pub on_fence: OnFence,
+    /// Deadline for `handle-fence` under `on_fence = callback`.
+    #[serde(with = "humantime_serde")]
+    pub handle_fence_deadline: Duration,
+    /// Largest linear memory one key may grow to.
+    pub memory_limit: ByteSize,
+    /// CPU time one callback may use before the key is killed (measured in
+    /// epoch ticks while guest code runs).
+    #[serde(with = "humantime_serde")]
+    pub cpu_limit: Duration,
+    /// Most live keys of this module on one node.
+    pub max_live_keys: u32,
+    /// A key with no message for this long is stopped (`terminate(idle)`).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Messages that may wait in one key's mailbox.
+    pub mailbox_depth: u32,
+    /// Timers one key may have armed at once.
+    pub max_timers_per_key: u32,
+    /// Topics one key may be subscribed to at once.
+    pub max_subscriptions_per_key: u32,
+}
+
+impl Default for ModuleOptions {
+    fn default() -> Self {
+        ModuleOptions {
+            on_fence: OnFence::Terminate,
+            handle_fence_deadline: DEFAULT_HANDLE_FENCE_DEADLINE,
+            memory_limit: ByteSize::mib(64),
+            cpu_limit: Duration::from_millis(100),
+            max_live_keys: 10_000,
+            idle_timeout: Duration::from_secs(300),
+            mailbox_depth: 1024,
+            max_timers_per_key: 1024,
+            max_subscriptions_per_key: 64,
+        }
+    }
+}
+
+impl ModuleOptions {
+    /// Check the options against a node's configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] naming the option and the numbers.
+    pub fn validate_for(&self, node: &NodeConfig, timing: &LeaseTiming) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidOptions(m));
+        node.fence_budget()
+            .check(timing, self.handle_fence_deadline)
+            .map_err(|e| Error::InvalidOptions(e.to_string()))?;
+        if self.memory_limit > node.max_memory_per_key {
+            return bad(format!(
+                "memory_limit ({}) is over this node's max_memory_per_key ({})",
+                self.memory_limit, node.max_memory_per_key
+            ));
+        }
+        if self.memory_limit < ByteSize::kib(64) {
+            return bad(format!(
+                "memory_limit ({}) must be at least one wasm page (64 KiB)",
+                self.memory_limit
+            ));
+        }
+        if self.cpu_limit < node.epoch_tick {
+            return bad(format!(
+                "cpu_limit ({:?}) must be at least one epoch tick ({:?})",
+                self.cpu_limit, node.epoch_tick
+            ));
+        }
+        if self.max_live_keys == 0 || self.mailbox_depth == 0 {
+            return bad("max_live_keys and mailbox_depth must be at least 1".to_owned());
+        }
+        if self.idle_timeout.is_zero() {
+            return bad("idle_timeout must be above zero".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Options from string pairs (HTTP query parameters, CLI flags), starting
+    /// from the defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for an unknown option or an unparsable value.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self> {
+        let mut options = ModuleOptions::default();
+        for (name, value) in pairs {
+            options.set(name, value)?;
+        }
+        Ok(options)
+    }
+
+    /// Set one option from its string form.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for an unknown option or an unparsable value.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let duration = |v: &str| {
+            humantime::parse_duration(v).map_err(|e| {
+                Error::InvalidOptions(format!(
+                    "{name} = {v:?}: {e} (write durations like 100ms or 5s)"
+                ))
+            })
+        };
+        let size = |v: &str| {
+            v.parse::<ByteSize>().map_err(|e| {
+                Error::InvalidOptions(format!(
+                    "{name} = {v:?}: {e} (write sizes like 64MiB or 65536)"
+                ))
+            })
+        };
+        let count = |v: &str| {
+            v.parse::<u32>().map_err(|e| {
+                Error::InvalidOptions(format!("{name} = {v:?}: {e} (expected a whole number)"))
+            })
+        };
+        match name {
+            "on_fence" => {
+                self.on_fence = value
+                    .parse()
+                    .map_err(|e: String| Error::InvalidOptions(e))?
+            }
+            "handle_fence_deadline" => self.handle_fence_deadline = duration(value)?,
+            "memory_limit" => self.memory_limit = size(value)?,
+            "cpu_limit" => self.cpu_limit = duration(value)?,
+            "max_live_keys" => self.max_live_keys = count(value)?,
+            "idle_timeout" => self.idle_timeout = duration(value)?,
+            "mailbox_depth" => self.mailbox_depth = count(value)?,
+            "max_timers_per_key" => self.max_timers_per_key = count(value)?,
+            "max_subscriptions_per_key" => self.max_subscriptions_per_key = count(value)?,
+            other => {
+                return Err(Error::InvalidOptions(format!(
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+mod on_fence_serde {
+    use fief_core::OnFence;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(mode: &OnFence, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(mode.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<OnFence, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Check a key name.
+///
+/// # Errors
+///
+/// [`Error::InvalidKey`] when it is empty or over [`MAX_KEY_BYTES`].
+pub fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::InvalidKey("a key must not be empty".to_owned()));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::InvalidKey(format!(
+            "a key is at most {MAX_KEY_BYTES} bytes; this one is {} bytes",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Check a module name: 1–128 characters of `[a-zA-Z0-9_.-]`.
+///
+/// # Errors
+///
+/// [`Error::InvalidModuleName`] saying what is wrong.
+pub fn validate_module_name(name: &str) -> Result<()> {
+    let why = if name.is_empty() || name.len() > 128 {
+        Some("a module name is 1 to 128 characters long")
+    } else if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        Some("a module name uses only letters, digits, '_', '-' and '.'")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(Error::InvalidModuleName {
+            name: name.to_owned(),
+            why: why.to_owned(),
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        NodeConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn unsafe_timing_is_refused_with_numbers() {
+        let config = NodeConfig {
+            fence_margin: Duration::from_secs(5),
+            ..NodeConfig::default()
+        };
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("fence_margin (5s)"), "{err}");
+    }
+
+    #[test]
+    fn options_parse_and_refuse_nonsense() {
+        let o =
+            ModuleOptions::from_pairs([("memory_limit", "32MiB"), ("cpu_limit", "50ms")]).unwrap();
+        assert_eq!(o.memory_limit, ByteSize::mib(32));
+        assert_eq!(o.cpu_limit, Duration::from_millis(50));
+        let err = ModuleOptions::from_pairs([("cpu_limit", "soon")]).unwrap_err();
+        assert!(err.to_string().contains("cpu_limit"), "{err}");
+        let err = ModuleOptions::from_pairs([("colour", "red")]).unwrap_err();
+        assert!(err.to_string().contains("unknown option"), "{err}");
+    }
+
+    #[test]
+    fn a_fence_deadline_that_does_not_fit_is_refused() {
+        let node = NodeConfig::default();
+        let o = ModuleOptions::from_pairs([("handle_fence_deadline", "2s")]).unwrap();
+        let err = o
+            .validate_for(&node, &node.lease_timing().unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("fence_margin (1s)"), "{err}");
+    }
+
+    #[test]
+    fn keys_and_module_names() {
+        assert!(validate_key("").is_err());
+        assert!(validate_key(&"k".repeat(1025)).is_err());
+        assert!(validate_key("alice").is_ok());
+        assert!(validate_module_name("counter").is_ok());
+        assert!(validate_module_name("a/b").is_err());
+    }
+}

@@ -1,0 +1,162 @@
+//! The errors a caller of a Fief instance can see.
+//!
+//! One enum for the public boundary (library, HTTP and CLI). Every variant
+//! says what is wrong and, where there is one, what to do about it; each has
+//! a stable machine-readable [`Error::code`] and an HTTP status. Errors are
+//! per request: none of them stops the node from serving other keys.
+
+use std::time::Duration;
+
+use fief_core::PartitionId;
+
+/// An error from a Fief instance.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No module of that name is deployed.
+    #[error("unknown module {0:?}: deploy it first (`fief deploy FILE.wasm --module {0}`)")]
+    UnknownModule(String),
+    /// The key is empty, too long, or otherwise unusable.
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
+    /// The module name is unusable.
+    #[error("invalid module name {name:?}: {why}")]
+    InvalidModuleName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A message is over the node's size limit.
+    #[error(
+        "message of {size} bytes is over the limit of {limit} bytes; send a smaller message or raise max_message_size"
+    )]
+    MessageTooLarge {
+        /// The message's size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The uploaded bytes are not a usable key module.
+    #[error("invalid module: {0}")]
+    InvalidModule(String),
+    /// A module option has a bad value or does not fit the node's limits.
+    #[error("invalid module options: {0}")]
+    InvalidOptions(String),
+    /// This node cannot prove its lease is current and serves no key.
+    #[error(
+        "this node is fenced: it cannot prove its lease is current and serves no key; retry on another node or after it rejoins"
+    )]
+    Fenced,
+    /// The key's partition has no owner at the moment.
+    #[error("partition {0} has no owner right now (a move is under way); retry shortly")]
+    Unowned(PartitionId),
+    /// Another node owns the key and this node could not forward to it.
+    #[error("key is owned by node {owner:?}, which could not be reached: {why}")]
+    OwnerUnreachable {
+        /// The owner per this node's table.
+        owner: String,
+        /// What went wrong.
+        why: String,
+    },
+    /// The key's mailbox is full.
+    #[error(
+        "key {key:?} of module {module:?} is overloaded: its mailbox of {depth} messages is full; retry later"
+    )]
+    Overloaded {
+        /// The module.
+        module: String,
+        /// The key.
+        key: String,
+        /// The mailbox depth.
+        depth: usize,
+    },
+    /// The module already has its maximum number of live keys on this node.
+    #[error(
+        "module {module:?} already has {limit} live keys on this node (max_live_keys); retry later or raise the limit"
+    )]
+    TooManyKeys {
+        /// The module.
+        module: String,
+        /// Its limit.
+        limit: u32,
+    },
+    /// The key's `init` refused to start.
+    #[error("key refused to start: init returned: {0}")]
+    InitRefused(String),
+    /// The key's `handle-call` returned an error.
+    #[error("key returned an error: {0}")]
+    Rejected(String),
+    /// The key process died while handling the message (trap, CPU or memory
+    /// limit, kill). The next message starts a fresh process.
+    #[error("key process died: {0}")]
+    KeyDied(String),
+    /// The call got no reply in time.
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+    /// The key would wait for itself.
+    #[error("a key cannot call itself: the call would wait on its own mailbox forever")]
+    Deadlock,
+    /// The instance is shutting down.
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    /// A configuration value cannot work.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// No such HTTP endpoint.
+    #[error("no such endpoint: {0}; see the API table in docs/design.md")]
+    NoSuchEndpoint(String),
+    /// Something that should not happen; a bug.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// A stable, machine-readable name for the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::UnknownModule(_) => "unknown_module",
+            Error::InvalidKey(_) => "invalid_key",
+            Error::InvalidModuleName { .. } => "invalid_module_name",
+            Error::MessageTooLarge { .. } => "message_too_large",
+            Error::InvalidModule(_) => "invalid_module",
+            Error::InvalidOptions(_) => "invalid_options",
+            Error::Fenced => "fenced",
+            Error::Unowned(_) => "unowned",
+            Error::OwnerUnreachable { .. } => "owner_unreachable",
+            Error::Overloaded { .. } => "overloaded",
+            Error::TooManyKeys { .. } => "too_many_keys",
+            Error::InitRefused(_) => "init_refused",
+            Error::Rejected(_) => "rejected",
+            Error::KeyDied(_) => "key_died",
+            Error::Timeout(_) => "timeout",
+            Error::Deadlock => "deadlock",
+            Error::ShuttingDown => "shutting_down",
+            Error::Config(_) => "invalid_config",
+            Error::NoSuchEndpoint(_) => "no_such_endpoint",
+            Error::Internal(_) => "internal",
+        }
+    }
+
+    /// The HTTP status the API answers this error with.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Error::UnknownModule(_) | Error::NoSuchEndpoint(_) => 404,
+            Error::InvalidKey(_)
+            | Error::InvalidModuleName { .. }
+            | Error::InvalidOptions(_)
+            | Error::Config(_) => 400,
+            Error::MessageTooLarge { .. } => 413,
+            Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
+            Error::Deadlock => 409,
+            Error::Overloaded { .. } | Error::TooManyKeys { .. } => 429,
+            Error::KeyDied(_) | Error::Internal(_) => 500,
+            Error::OwnerUnreachable { .. } => 502,
+            Error::Fenced | Error::Unowned(_) | Error::ShuttingDown => 503,
+            Error::Timeout(_) => 504,
+        }
+    }
+}
+
+/// Shorthand for results with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

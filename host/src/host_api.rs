@@ -1,0 +1,191 @@
+//! The `fief:key/host` imports: what a key process may ask of its node.
+//!
+//! Every import with an effect passes the side-effect gate
+//! ([`KeyCtx::gate`]) first: once the key is killed or its node has fenced,
+//! the import has no effect and traps the guest (contract §2, "every host
+//! import that causes a side effect checks the fence first"). Expected
+//! failures — a full mailbox, an unknown module, a limit — are WIT `result`s
+//! the guest can handle; traps are reserved for refusals and kills.
+
+use std::time::Duration;
+
+use crate::bindings::host::Host;
+use crate::bindings::types::{self, CallError, EffectError, LogLevel};
+use crate::error::Error;
+use crate::key::{KeyCtx, arm_timer};
+use crate::pubsub::MAX_TOPIC_BYTES;
+
+impl types::Host for KeyCtx {}
+
+impl KeyCtx {
+    fn check_topic(topic: &str) -> Result<(), EffectError> {
+        if topic.is_empty() || topic.len() > MAX_TOPIC_BYTES {
+            return Err(EffectError::Invalid(format!(
+                "a topic is 1 to {MAX_TOPIC_BYTES} bytes long"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Host for KeyCtx {
+    fn self_key(&mut self) -> wasmtime::Result<String> {
+        Ok(self.env.key.to_string())
+    }
+
+    fn self_module(&mut self) -> wasmtime::Result<String> {
+        Ok(self.env.module.to_string())
+    }
+
+    fn ownership_token(&mut self) -> wasmtime::Result<u64> {
+        Ok(self.env.token.0)
+    }
+
+    fn send_after(
+        &mut self,
+        delay_ms: u64,
+        tag: Vec<u8>,
+    ) -> wasmtime::Result<Result<u64, EffectError>> {
+        let node = self.gate()?;
+        if self.timers.len() >= self.env.max_timers as usize {
+            return Ok(Err(EffectError::Limit(format!(
+                "this key already has {} timers armed (max_timers_per_key)",
+                self.timers.len()
+            ))));
+        }
+        let limit = node.config.max_message_size.as_u64() as usize;
+        if tag.len() > limit {
+            return Ok(Err(EffectError::Invalid(format!(
+                "a timer tag is at most {limit} bytes (max_message_size)"
+            ))));
+        }
+        Ok(Ok(arm_timer(self, Duration::from_millis(delay_ms), tag)))
+    }
+
+    fn cancel_timer(&mut self, id: u64) -> wasmtime::Result<bool> {
+        Ok(match self.timers.remove(&id) {
+            Some(timer) => {
+                timer.abort();
+                true
+            }
+            None => false,
+        })
+    }
+
+    fn subscribe(&mut self, topic: String) -> wasmtime::Result<Result<(), EffectError>> {
+        let node = self.gate()?;
+        if let Err(e) = Self::check_topic(&topic) {
+            return Ok(Err(e));
+        }
+        if self.subscriptions.contains(&topic) {
+            return Ok(Ok(()));
+        }
+        if self.subscriptions.len() >= self.env.max_subscriptions as usize {
+            return Ok(Err(EffectError::Limit(format!(
+                "this key already has {} subscriptions (max_subscriptions_per_key)",
+                self.subscriptions.len()
+            ))));
+        }
+        node.pubsub.subscribe(
+            &topic,
+            &self.env.module,
+            &self.env.key,
+            self.env.generation,
+            self.env.mailbox.clone(),
+        );
+        self.subscriptions.insert(topic);
+        Ok(Ok(()))
+    }
+
+    fn unsubscribe(&mut self, topic: String) -> wasmtime::Result<()> {
+        if self.subscriptions.remove(&topic)
+            && let Some(node) = self.env.node.upgrade()
+        {
+            node.pubsub
+                .unsubscribe(&topic, &self.env.module, &self.env.key, self.env.generation);
+        }
+        Ok(())
+    }
+
+    fn publish(
+        &mut self,
+        topic: String,
+        payload: Vec<u8>,
+    ) -> wasmtime::Result<Result<u32, EffectError>> {
+        let node = self.gate()?;
+        if let Err(e) = Self::check_topic(&topic) {
+            return Ok(Err(e));
+        }
+        let limit = node.config.max_message_size.as_u64() as usize;
+        if payload.len() > limit {
+            return Ok(Err(EffectError::Invalid(format!(
+                "a payload of {} bytes is over max_message_size ({limit} bytes)",
+                payload.len()
+            ))));
+        }
+        Ok(Ok(node.pubsub.publish(&topic, &payload)))
+    }
+
+    async fn call(
+        &mut self,
+        module: String,
+        key: String,
+        message: Vec<u8>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
+        let node = self.gate()?;
+        if module == *self.env.module && key == *self.env.key {
+            return Ok(Err(CallError::Deadlock));
+        }
+        let timeout = Duration::from_millis(u64::from(timeout_ms));
+        let result = node
+            .call_with_timeout(&module, &key, message, timeout)
+            .await;
+        // The world may have changed while this key waited.
+        self.gate()?;
+        Ok(result.map_err(call_error))
+    }
+
+    fn cast(
+        &mut self,
+        module: String,
+        key: String,
+        message: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), EffectError>> {
+        let node = self.gate()?;
+        Ok(node.cast(&module, &key, message).map_err(|e| match e {
+            Error::UnknownModule(m) => EffectError::UnknownModule(m),
+            Error::Overloaded { .. } | Error::TooManyKeys { .. } => EffectError::Overloaded,
+            other => EffectError::Invalid(other.to_string()),
+        }))
+    }
+
+    fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
+        self.gate()?;
+        let (module, key) = (&*self.env.module, &*self.env.key);
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "fief::guest", module, key, "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "fief::guest", module, key, "{message}"),
+            LogLevel::Info => tracing::info!(target: "fief::guest", module, key, "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "fief::guest", module, key, "{message}"),
+            LogLevel::Error => tracing::error!(target: "fief::guest", module, key, "{message}"),
+        }
+        Ok(())
+    }
+}
+
+/// Map a node error to what a calling guest sees.
+fn call_error(error: Error) -> CallError {
+    match error {
+        Error::UnknownModule(m) => CallError::UnknownModule(m),
+        Error::InvalidKey(_) | Error::InvalidModuleName { .. } | Error::MessageTooLarge { .. } => {
+            CallError::Invalid(error.to_string())
+        }
+        Error::Fenced => CallError::Fenced,
+        Error::Overloaded { .. } | Error::TooManyKeys { .. } => CallError::Overloaded,
+        Error::Deadlock => CallError::Deadlock,
+        Error::Rejected(why) => CallError::Rejected(why),
+        Error::KeyDied(why) | Error::InitRefused(why) => CallError::Crashed(why),
+        other => CallError::Unavailable(other.to_string()),
+    }
+}

@@ -1,0 +1,774 @@
+//! Key processes: one component instance per live key, in its own store,
+//! driven by one task that takes messages from a bounded mailbox one at a time.
+//!
+//! This module owns a key's life: activation on the first message
+//! ([`ModuleSlot::deliver`]), the message loop (calls, casts, timer and pub/sub
+//! infos, graceful stops, in arrival order), the idle timeout, and death. A key
+//! dies when its guest traps, when it overruns its CPU budget, when it grows
+//! past its memory limit, or when the host kills it. The kill path (contract
+//! §2): set the key's kill flag, bump the engine's epoch so running guest code
+//! traps at its next check, and drop the store — a poisoned instance is never
+//! entered again. A dead key's timers are cancelled and its subscriptions
+//! removed when its store is dropped, so nothing it armed fires afterwards.
+//!
+//! Single ownership on one node: a key has at most one entry in its module's
+//! table, and the entry is removed only by the key's own task after its store
+//! has been dropped, so a fresh process for the key can only start once the
+//! old one is gone.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{Duration, SystemTime};
+
+use fief_core::{OnFence, OwnershipToken, PartitionId};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::AbortHandle;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, StoreLimits, Trap, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::bindings::KeyModule;
+use crate::bindings::types::{Info, StopReason, TimerFired};
+use crate::error::{Error, Result};
+use crate::guest_log::{GuestLog, Stream};
+use crate::module::CompiledModule;
+use crate::node::NodeShared;
+
+/// Lock a std mutex, ignoring poisoning: every critical section here leaves
+/// the data consistent before it can panic.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The kill switch of one key process.
+#[derive(Default)]
+pub(crate) struct KeyControl {
+    killed: AtomicBool,
+    reason: Mutex<Option<String>>,
+    notify: Notify,
+}
+
+impl KeyControl {
+    /// Set the kill flag. The caller bumps the engine epoch afterwards so a
+    /// running guest notices at once. Returns false if it was already killed.
+    pub(crate) fn kill(&self, reason: &str) -> bool {
+        let mut slot = lock(&self.reason);
+        if self.killed.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        *slot = Some(reason.to_owned());
+        drop(slot);
+        self.notify.notify_one();
+        true
+    }
+
+    pub(crate) fn is_killed(&self) -> bool {
+        self.killed.load(Ordering::SeqCst)
+    }
+
+    fn reason(&self) -> Option<String> {
+        lock(&self.reason).clone()
+    }
+
+    /// Resolves once the key is killed.
+    async fn killed(&self) {
+        while !self.is_killed() {
+            self.notify.notified().await;
+        }
+    }
+}
+
+/// A message for a key process.
+pub(crate) enum Envelope {
+    /// A request; the reply goes back on `reply`.
+    Call {
+        message: Vec<u8>,
+        reply: oneshot::Sender<Result<Vec<u8>>>,
+    },
+    /// A one-way message.
+    Cast { message: Vec<u8> },
+    /// A timer fired or a publication arrived.
+    Info(Info),
+    /// Stop gracefully: `handoff` first if asked, then `terminate(reason)`.
+    Stop {
+        reason: StopReason,
+        reply: oneshot::Sender<Result<Option<Vec<u8>>>>,
+    },
+}
+
+impl Envelope {
+    /// Answer the envelope's sender (if it has one) with `error`.
+    fn fail(self, error: Error) {
+        match self {
+            Envelope::Call { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Envelope::Stop { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Envelope::Cast { .. } | Envelope::Info(_) => {}
+        }
+    }
+}
+
+/// What a key process knows about itself and its node.
+pub(crate) struct KeyEnv {
+    pub(crate) module: Arc<str>,
+    pub(crate) key: Arc<str>,
+    pub(crate) token: OwnershipToken,
+    pub(crate) control: Arc<KeyControl>,
+    pub(crate) mailbox: mpsc::WeakSender<Envelope>,
+    pub(crate) node: Weak<NodeShared>,
+    pub(crate) generation: u64,
+    pub(crate) on_fence: OnFence,
+    pub(crate) max_timers: u32,
+    pub(crate) max_subscriptions: u32,
+}
+
+/// The data of a key's store.
+pub(crate) struct KeyCtx {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    memory_limit: usize,
+    pub(crate) env: Arc<KeyEnv>,
+    cpu_ticks: u64,
+    cpu_limit_ticks: u64,
+    /// Why the host interrupted the guest, when it did (CPU or memory limit).
+    death: Option<String>,
+    pub(crate) timers: HashMap<u64, AbortHandle>,
+    pub(crate) next_timer: u64,
+    pub(crate) subscriptions: BTreeSet<String>,
+}
+
+impl WasiView for KeyCtx {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl Drop for KeyCtx {
+    fn drop(&mut self) {
+        for (_, timer) in self.timers.drain() {
+            timer.abort();
+        }
+        if let Some(node) = self.env.node.upgrade() {
+            for topic in std::mem::take(&mut self.subscriptions) {
+                node.pubsub.unsubscribe(
+                    &topic,
+                    &self.env.module,
+                    &self.env.key,
+                    self.env.generation,
+                );
+            }
+        }
+    }
+}
+
+impl KeyCtx {
+    /// The side-effect gate: every host import that has an effect calls this
+    /// first. After a kill, or after the node's fence point for a `terminate`
+    /// key, the import is refused with a trap, so the guest runs no further.
+    pub(crate) fn gate(&self) -> wasmtime::Result<Arc<NodeShared>> {
+        if self.env.control.is_killed() {
+            wasmtime::bail!("effect refused: this key process was killed");
+        }
+        let Some(node) = self.env.node.upgrade() else {
+            wasmtime::bail!("effect refused: the node has stopped");
+        };
+        if self.env.on_fence == OnFence::Terminate && !node.may_act() {
+            wasmtime::bail!("effect refused: the node is fenced");
+        }
+        Ok(node)
+    }
+}
+
+/// Why a key process ended abnormally.
+#[derive(Debug)]
+pub(crate) struct Death(pub(crate) String);
+
+/// A running key process: a store and the instance in it.
+pub(crate) struct KeyProcess {
+    store: Store<KeyCtx>,
+    guest: KeyModule,
+}
+
+impl KeyProcess {
+    /// Instantiate `module` for a key and run its `init`.
+    async fn start(
+        node: &NodeShared,
+        module: &CompiledModule,
+        env: Arc<KeyEnv>,
+        handoff: Option<Vec<u8>>,
+    ) -> Result<Self> {
+        let options = &module.options;
+        let wasi = WasiCtx::builder()
+            .stdout(GuestLog::new(
+                env.module.clone(),
+                env.key.clone(),
+                Stream::Stdout,
+            ))
+            .stderr(GuestLog::new(
+                env.module.clone(),
+                env.key.clone(),
+                Stream::Stderr,
+            ))
+            .build();
+        let memory_limit = options.memory_limit.as_u64() as usize;
+        let limits = wasmtime::StoreLimitsBuilder::new()
+            .memory_size(memory_limit)
+            .table_elements(100_000)
+            .instances(64)
+            .trap_on_grow_failure(true)
+            .build();
+        let tick = node.config.epoch_tick.as_nanos().max(1);
+        let cpu_limit_ticks = (options.cpu_limit.as_nanos() / tick).max(1) as u64;
+        let ctx = KeyCtx {
+            wasi,
+            table: ResourceTable::new(),
+            limits,
+            memory_limit,
+            env: env.clone(),
+            cpu_ticks: 0,
+            cpu_limit_ticks,
+            death: None,
+            timers: HashMap::new(),
+            next_timer: 1,
+            subscriptions: BTreeSet::new(),
+        };
+        let mut store = Store::new(&node.runtime.engine, ctx);
+        store.limiter(|ctx| &mut ctx.limits);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut store| {
+            let ctx = store.data_mut();
+            if ctx.env.control.is_killed() {
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            ctx.cpu_ticks += 1;
+            if ctx.cpu_ticks > ctx.cpu_limit_ticks {
+                ctx.death = Some(format!(
+                    "CPU limit exceeded: the callback ran for more than {} epoch ticks (cpu_limit)",
+                    ctx.cpu_limit_ticks
+                ));
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            // Let other keys run on this worker thread.
+            Ok(UpdateDeadline::Yield(1))
+        });
+        let guest = match module.pre.instantiate_async(&mut store).await {
+            Ok(guest) => guest,
+            Err(e) => {
+                let why = describe_failure(&mut store, &e);
+                return Err(if why.contains("resource limit") || why.contains("pool") {
+                    Error::TooManyKeys {
+                        module: env.module.to_string(),
+                        limit: node.config.max_live_keys,
+                    }
+                } else {
+                    Error::KeyDied(format!("instantiation failed: {why}"))
+                });
+            }
+        };
+        let mut process = KeyProcess { store, guest };
+        process.begin_callback();
+        let init = process
+            .guest
+            .fief_key_lifecycle()
+            .call_init(&mut process.store, &env.key, handoff.as_deref())
+            .await;
+        match init {
+            Ok(Ok(())) => Ok(process),
+            Ok(Err(refusal)) => Err(Error::InitRefused(refusal)),
+            Err(e) => Err(Error::KeyDied(process.death(&e).0)),
+        }
+    }
+
+    fn begin_callback(&mut self) {
+        self.store.data_mut().cpu_ticks = 0;
+        self.store.set_epoch_deadline(1);
+    }
+
+    fn death(&mut self, error: &wasmtime::Error) -> Death {
+        Death(describe_failure(&mut self.store, error))
+    }
+
+    async fn handle_call(&mut self, message: &[u8]) -> Result<Result<Vec<u8>, String>, Death> {
+        self.begin_callback();
+        let r = self
+            .guest
+            .fief_key_lifecycle()
+            .call_handle_call(&mut self.store, message)
+            .await;
+        r.map_err(|e| self.death(&e))
+    }
+
+    async fn handle_cast(&mut self, message: &[u8]) -> Result<(), Death> {
+        self.begin_callback();
+        let r = self
+            .guest
+            .fief_key_lifecycle()
+            .call_handle_cast(&mut self.store, message)
+            .await;
+        r.map_err(|e| self.death(&e))
+    }
+
+    async fn handle_info(&mut self, info: &Info) -> Result<(), Death> {
+        if let Info::Timer(TimerFired { id, .. }) = info {
+            // A timer cancelled after it fired but before it was delivered
+            // is not delivered.
+            if self.store.data_mut().timers.remove(id).is_none() {
+                return Ok(());
+            }
+        }
+        self.begin_callback();
+        let r = self
+            .guest
+            .fief_key_lifecycle()
+            .call_handle_info(&mut self.store, info)
+            .await;
+        r.map_err(|e| self.death(&e))
+    }
+
+    async fn handoff(&mut self) -> Result<Option<Vec<u8>>, Death> {
+        self.begin_callback();
+        let r = self
+            .guest
+            .fief_key_lifecycle()
+            .call_handoff(&mut self.store)
+            .await;
+        r.map_err(|e| self.death(&e))
+    }
+
+    async fn terminate(&mut self, reason: &StopReason) -> Result<(), Death> {
+        self.begin_callback();
+        let r = self
+            .guest
+            .fief_key_lifecycle()
+            .call_terminate(&mut self.store, reason)
+            .await;
+        r.map_err(|e| self.death(&e))
+    }
+
+    fn timers_armed(&self) -> usize {
+        self.store.data().timers.len()
+    }
+}
+
+/// Say why a guest invocation failed, most specific cause first.
+fn describe_failure(store: &mut Store<KeyCtx>, error: &wasmtime::Error) -> String {
+    let ctx = store.data_mut();
+    if let Some(reason) = ctx.env.control.reason() {
+        return format!("killed: {reason}");
+    }
+    if let Some(death) = ctx.death.take() {
+        return death;
+    }
+    let text = format!("{error:#}");
+    if text.contains("exceeds the limit") || text.contains("forcing trap when growing memory") {
+        return format!(
+            "memory limit exceeded: the key tried to grow its memory past memory_limit ({} bytes)",
+            ctx.memory_limit
+        );
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => "stack overflow (unbounded recursion?)".to_owned(),
+        Some(trap) => format!("trapped: {trap}; {}", first_line(&text)),
+        None => first_line(&text).to_owned(),
+    }
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or(text)
+}
+
+/// A live key's entry in its module's table.
+pub(crate) struct KeyHandle {
+    tx: mpsc::Sender<Envelope>,
+    control: Arc<KeyControl>,
+    generation: u64,
+    started_at: SystemTime,
+    partition: PartitionId,
+}
+
+/// A deployed module name: its current version and its live keys.
+///
+/// Keys are tracked per name, not per version, so a redeploy never lets two
+/// versions run one key at once: live keys finish on their version, new
+/// activations use the new one.
+pub(crate) struct ModuleSlot {
+    pub(crate) name: Arc<str>,
+    current: RwLock<Arc<CompiledModule>>,
+    keys: Mutex<HashMap<Box<str>, KeyHandle>>,
+    next_generation: AtomicU64,
+}
+
+/// One live key, as reported by [`crate::Instance::keys`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LiveKey {
+    /// The module.
+    pub module: String,
+    /// The key.
+    pub key: String,
+    /// Its partition.
+    pub partition: u32,
+    /// When its process started.
+    #[serde(with = "humantime_serde")]
+    pub since: SystemTime,
+}
+
+impl ModuleSlot {
+    pub(crate) fn new(name: &str, module: CompiledModule) -> Self {
+        ModuleSlot {
+            name: Arc::from(name),
+            current: RwLock::new(Arc::new(module)),
+            keys: Mutex::new(HashMap::new()),
+            next_generation: AtomicU64::new(1),
+        }
+    }
+
+    /// The version new activations use.
+    pub(crate) fn current(&self) -> Arc<CompiledModule> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Make `module` the version new activations use.
+    pub(crate) fn replace(&self, module: CompiledModule) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(module);
+    }
+
+    pub(crate) fn live_keys(&self) -> usize {
+        lock(&self.keys).len()
+    }
+
+    pub(crate) fn list(&self) -> Vec<LiveKey> {
+        lock(&self.keys)
+            .iter()
+            .map(|(key, h)| LiveKey {
+                module: self.name.to_string(),
+                key: key.to_string(),
+                partition: h.partition.0,
+                since: h.started_at,
+            })
+            .collect()
+    }
+
+    /// Put `envelope` in the key's mailbox, activating the key first if it
+    /// has no live process.
+    pub(crate) fn deliver(
+        self: &Arc<Self>,
+        node: &Arc<NodeShared>,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+        envelope: Envelope,
+    ) -> Result<()> {
+        let mut keys = lock(&self.keys);
+        let envelope = match keys.get(key) {
+            Some(handle) => match handle.tx.try_send(envelope) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    return Err(Error::Overloaded {
+                        module: self.name.to_string(),
+                        key: key.to_owned(),
+                        depth: handle.tx.max_capacity(),
+                    });
+                }
+                // The process is gone but its entry not yet removed: its
+                // task removes it under this lock right after the store is
+                // dropped, so it is safe to replace here.
+                Err(mpsc::error::TrySendError::Closed(envelope)) => envelope,
+            },
+            None => envelope,
+        };
+        let module = self.current();
+        let options = &module.options;
+        if keys.len() >= options.max_live_keys as usize {
+            return Err(Error::TooManyKeys {
+                module: self.name.to_string(),
+                limit: options.max_live_keys,
+            });
+        }
+        let (tx, rx) = mpsc::channel(options.mailbox_depth as usize);
+        let control = Arc::new(KeyControl::default());
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let env = Arc::new(KeyEnv {
+            module: self.name.clone(),
+            key: Arc::from(key),
+            token,
+            control: control.clone(),
+            mailbox: tx.downgrade(),
+            node: Arc::downgrade(node),
+            generation,
+            on_fence: options.on_fence,
+            max_timers: options.max_timers_per_key,
+            max_subscriptions: options.max_subscriptions_per_key,
+        });
+        tx.try_send(envelope)
+            .unwrap_or_else(|_| unreachable!("a new mailbox has room for one message"));
+        keys.insert(
+            Box::from(key),
+            KeyHandle {
+                tx,
+                control,
+                generation,
+                started_at: SystemTime::now(),
+                partition,
+            },
+        );
+        drop(keys);
+        node.tasks
+            .spawn(run_key(node.clone(), self.clone(), module, env, rx, None));
+        Ok(())
+    }
+
+    /// Kill every live key whose partition `select` accepts. Returns how many.
+    pub(crate) fn kill_where(&self, reason: &str, select: impl Fn(PartitionId) -> bool) -> usize {
+        let keys = lock(&self.keys);
+        keys.values()
+            .filter(|h| select(h.partition))
+            .filter(|h| h.control.kill(reason))
+            .count()
+    }
+
+    /// Kill one key. Returns whether it was live.
+    pub(crate) fn kill(&self, key: &str, reason: &str) -> bool {
+        lock(&self.keys)
+            .get(key)
+            .is_some_and(|h| h.control.kill(reason))
+    }
+
+    /// Ask a live key to stop gracefully. `None` when the key is not live.
+    pub(crate) fn stop(
+        &self,
+        key: &str,
+        reason: StopReason,
+    ) -> Option<oneshot::Receiver<Result<Option<Vec<u8>>>>> {
+        let keys = lock(&self.keys);
+        let handle = keys.get(key)?;
+        let (reply, rx) = oneshot::channel();
+        // A stop must not be refused for a full mailbox: wait for room off
+        // the lock.
+        let tx = handle.tx.clone();
+        drop(keys);
+        tokio::spawn(async move {
+            if let Err(mpsc::error::SendError(envelope)) =
+                tx.send(Envelope::Stop { reason, reply }).await
+            {
+                envelope.fail(Error::KeyDied(
+                    "the key stopped before it could be stopped".into(),
+                ));
+            }
+        });
+        Some(rx)
+    }
+
+    /// Every live key's stop handle, for a graceful shutdown.
+    pub(crate) fn live_key_names(&self) -> Vec<String> {
+        lock(&self.keys).keys().map(|k| k.to_string()).collect()
+    }
+
+    fn remove_if_current(&self, key: &str, generation: u64) {
+        let mut keys = lock(&self.keys);
+        if keys.get(key).is_some_and(|h| h.generation == generation) {
+            keys.remove(key);
+        }
+    }
+
+    /// Retire an idle key: only if its mailbox is empty, under the lock every
+    /// sender takes, so no message can slip in after the check.
+    fn retire_if_idle(&self, key: &str, generation: u64, rx: &mpsc::Receiver<Envelope>) -> bool {
+        let mut keys = lock(&self.keys);
+        let idle = rx.is_empty() && keys.get(key).is_some_and(|h| h.generation == generation);
+        if idle {
+            keys.remove(key);
+        }
+        idle
+    }
+}
+
+/// How a key's message loop ended.
+enum Exit {
+    /// Killed by the host (fence, operator, shutdown).
+    Killed,
+    /// Died on its own (trap, CPU or memory limit).
+    Died(String),
+    /// Stopped gracefully (idle, stop request).
+    Stopped,
+}
+
+/// The task that owns one key process.
+async fn run_key(
+    node: Arc<NodeShared>,
+    slot: Arc<ModuleSlot>,
+    module: Arc<CompiledModule>,
+    env: Arc<KeyEnv>,
+    mut rx: mpsc::Receiver<Envelope>,
+    handoff: Option<Vec<u8>>,
+) {
+    let control = env.control.clone();
+    let key = env.key.clone();
+    let started = tokio::select! {
+        biased;
+        () = control.killed() => Err(Error::KeyDied(format!(
+            "killed: {}", control.reason().unwrap_or_default()
+        ))),
+        r = KeyProcess::start(&node, &module, env.clone(), handoff) => r,
+    };
+    let mut process = match started {
+        Ok(process) => process,
+        Err(error) => {
+            tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
+            slot.remove_if_current(&key, env.generation);
+            rx.close();
+            while let Ok(envelope) = rx.try_recv() {
+                envelope.fail(error.clone());
+            }
+            return;
+        }
+    };
+    tracing::debug!(module = %slot.name, key = %key, "key started");
+    let idle_timeout = module.options.idle_timeout;
+    let exit = loop {
+        let envelope = tokio::select! {
+            biased;
+            () = control.killed() => break Exit::Killed,
+            envelope = rx.recv() => match envelope {
+                Some(envelope) => envelope,
+                None => break Exit::Stopped,
+            },
+            () = tokio::time::sleep(idle_timeout), if process.timers_armed() == 0 => {
+                if slot.retire_if_idle(&key, env.generation, &rx) {
+                    let _ = process.terminate(&StopReason::Idle).await;
+                    break Exit::Stopped;
+                }
+                continue;
+            }
+        };
+        // Nothing is served past the fence, even if this task was paused
+        // across the fence point and the fence sweep has not reached it yet.
+        if env.on_fence == OnFence::Terminate && !node.may_act() {
+            control.kill("the node is fenced");
+            envelope.fail(Error::Fenced);
+            break Exit::Killed;
+        }
+        let outcome = tokio::select! {
+            biased;
+            () = control.killed() => None,
+            outcome = dispatch(&mut process, envelope) => Some(outcome),
+        };
+        match outcome {
+            None => break Exit::Killed,
+            Some(Step::Continue) => {}
+            Some(Step::Stopped) => break Exit::Stopped,
+            Some(Step::Died(why)) => break Exit::Died(why),
+        }
+    };
+    // Drop the store (and with it the instance, its timers and its
+    // subscriptions) before the key can be activated again.
+    drop(process);
+    slot.remove_if_current(&key, env.generation);
+    let why = match &exit {
+        Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
+        Exit::Died(why) => why.clone(),
+        Exit::Stopped => "the key stopped".to_owned(),
+    };
+    match &exit {
+        Exit::Killed => {
+            tracing::info!(module = %slot.name, key = %key, reason = %why, "key killed")
+        }
+        Exit::Died(_) => tracing::warn!(module = %slot.name, key = %key, reason = %why, "key died"),
+        Exit::Stopped => tracing::debug!(module = %slot.name, key = %key, "key stopped"),
+    }
+    rx.close();
+    while let Ok(envelope) = rx.try_recv() {
+        envelope.fail(Error::KeyDied(format!(
+            "{why}; the message was not processed, retry"
+        )));
+    }
+}
+
+enum Step {
+    Continue,
+    Stopped,
+    Died(String),
+}
+
+/// Process one envelope.
+async fn dispatch(process: &mut KeyProcess, envelope: Envelope) -> Step {
+    match envelope {
+        Envelope::Call { message, reply } => match process.handle_call(&message).await {
+            Ok(result) => {
+                let _ = reply.send(result.map_err(Error::Rejected));
+                Step::Continue
+            }
+            Err(Death(why)) => {
+                let _ = reply.send(Err(Error::KeyDied(why.clone())));
+                Step::Died(why)
+            }
+        },
+        Envelope::Cast { message } => match process.handle_cast(&message).await {
+            Ok(()) => Step::Continue,
+            Err(Death(why)) => Step::Died(why),
+        },
+        Envelope::Info(info) => match process.handle_info(&info).await {
+            Ok(()) => Step::Continue,
+            Err(Death(why)) => Step::Died(why),
+        },
+        Envelope::Stop { reason, reply } => {
+            let state = if matches!(reason, StopReason::Handoff) {
+                match process.handoff().await {
+                    Ok(state) => state,
+                    Err(Death(why)) => {
+                        let _ = reply.send(Err(Error::KeyDied(why.clone())));
+                        return Step::Died(why);
+                    }
+                }
+            } else {
+                None
+            };
+            match process.terminate(&reason).await {
+                Ok(()) => {
+                    let _ = reply.send(Ok(state));
+                    Step::Stopped
+                }
+                Err(Death(why)) => {
+                    let _ = reply.send(Err(Error::KeyDied(why.clone())));
+                    Step::Died(why)
+                }
+            }
+        }
+    }
+}
+
+/// Arm a one-shot timer for the key whose store data is `ctx`; returns its id.
+///
+/// The timer is a task that puts a timer info in the key's mailbox; it is
+/// aborted when the key's store is dropped.
+pub(crate) fn arm_timer(ctx: &mut KeyCtx, delay: Duration, tag: Vec<u8>) -> u64 {
+    let id = ctx.next_timer;
+    ctx.next_timer += 1;
+    let mailbox = ctx.env.mailbox.clone();
+    let (module, key) = (ctx.env.module.clone(), ctx.env.key.clone());
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let Some(tx) = mailbox.upgrade() else { return };
+        if tx
+            .try_send(Envelope::Info(Info::Timer(TimerFired { id, tag })))
+            .is_err()
+        {
+            tracing::warn!(%module, %key, timer = id, "timer dropped: the key's mailbox is full");
+        }
+    });
+    ctx.timers.insert(id, task.abort_handle());
+    id
+}

@@ -1,0 +1,34 @@
+//! Fief: a runtime for WebAssembly key processes with strict single ownership.
+//!
+//! Applications have keys (a session, a device, a room). Fief backs each key
+//! with one live *key process*: an instance of a WebAssembly component that
+//! implements the `fief:key` world. Keys hash to partitions, partitions are
+//! owned by nodes, and a node owns only under a lease from an arbiter; a node
+//! that cannot prove its lease current fences itself and kills its keys
+//! before anyone else may take over.
+//!
+//! Start an [`Instance`] inside your tokio program, [`Instance::deploy`] a
+//! module, and [`Instance::call`] its keys. The `fief` binary is a thin CLI
+//! and HTTP server over this library. See `ARCHITECTURE.md` for the map.
+
+pub mod arbiter;
+pub mod bindings;
+pub mod clock;
+pub mod config;
+pub mod error;
+mod guest_log;
+mod host_api;
+pub mod http;
+mod key;
+pub mod module;
+mod node;
+mod pubsub;
+mod runtime;
+
+pub use bindings::types::StopReason;
+pub use clock::TokioClock;
+pub use config::{ModuleOptions, NodeConfig};
+pub use error::{Error, Result};
+pub use fief_core as core;
+pub use key::LiveKey;
+pub use node::{Instance, LeaseState, ModuleInfo, Status};

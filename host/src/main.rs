@@ -1,0 +1,343 @@
+//! The `fief` command: run a node, deploy modules, call keys, read status.
+//!
+//! A thin layer over the `fief` library and its HTTP API. Every failure prints
+//! one line saying what went wrong and exits non-zero.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use bytesize::ByteSize;
+use clap::{Args, Parser, Subcommand};
+use fief::{Instance, ModuleOptions, NodeConfig};
+
+/// Fief: WebAssembly key processes with strict single ownership.
+#[derive(Parser)]
+#[command(name = "fief", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node (with the embedded arbiter) and its HTTP API.
+    Node(NodeArgs),
+    /// Deploy a .wasm component as a module.
+    Deploy(DeployArgs),
+    /// Call a key and print its reply.
+    Call(KeyArgs),
+    /// Send a key a one-way message.
+    Cast(KeyArgs),
+    /// Show a node's status.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    /// A TOML file with node settings (the keys of `NodeConfig`).
+    #[arg(long, env = "FIEF_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address of the HTTP API.
+    #[arg(long, env = "FIEF_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// The namespace (every node of a cluster uses the same).
+    #[arg(long, env = "FIEF_NAMESPACE")]
+    namespace: Option<String>,
+    /// This node's id.
+    #[arg(long, env = "FIEF_NODE_ID")]
+    node_id: Option<String>,
+    /// Lease time-to-live, e.g. `5s`.
+    #[arg(long, env = "FIEF_LEASE_TTL", value_parser = humantime::parse_duration)]
+    lease_ttl: Option<Duration>,
+    /// Lease renewal period, e.g. `1s`.
+    #[arg(long, env = "FIEF_RENEW_INTERVAL", value_parser = humantime::parse_duration)]
+    renew_interval: Option<Duration>,
+    /// Fence margin, e.g. `1s`.
+    #[arg(long, env = "FIEF_FENCE_MARGIN", value_parser = humantime::parse_duration)]
+    fence_margin: Option<Duration>,
+    /// Partitions in the namespace.
+    #[arg(long, env = "FIEF_PARTITIONS")]
+    partitions: Option<u32>,
+    /// Largest message or reply, e.g. `1MiB`.
+    #[arg(long, env = "FIEF_MAX_MESSAGE_SIZE")]
+    max_message_size: Option<ByteSize>,
+    /// Most live keys on this node.
+    #[arg(long, env = "FIEF_MAX_LIVE_KEYS")]
+    max_live_keys: Option<u32>,
+    /// Deploy a module at start: `NAME=PATH.wasm` (repeatable).
+    #[arg(long = "deploy", value_name = "NAME=PATH")]
+    deploy: Vec<String>,
+}
+
+#[derive(Args)]
+struct DeployArgs {
+    /// The component to deploy.
+    file: PathBuf,
+    /// The module name.
+    #[arg(long)]
+    module: String,
+    /// Module options as `name=value` (repeatable), e.g. `memory_limit=32MiB`.
+    #[arg(long = "option", short = 'o', value_name = "NAME=VALUE")]
+    options: Vec<String>,
+    /// The node's HTTP address.
+    #[arg(long, env = "FIEF_NODE", default_value = "http://127.0.0.1:7070")]
+    node: String,
+}
+
+#[derive(Args)]
+struct KeyArgs {
+    /// The module.
+    module: String,
+    /// The key.
+    key: String,
+    /// The message, sent as UTF-8 bytes.
+    message: String,
+    /// The node's HTTP address.
+    #[arg(long, env = "FIEF_NODE", default_value = "http://127.0.0.1:7070")]
+    node: String,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// Print the status as JSON.
+    #[arg(long)]
+    json: bool,
+    /// The node's HTTP address.
+    #[arg(long, env = "FIEF_NODE", default_value = "http://127.0.0.1:7070")]
+    node: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("fief: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fief: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Node(args) => node(args).await,
+        Command::Deploy(args) => deploy(args).await,
+        Command::Call(args) => call(args, "call").await,
+        Command::Cast(args) => call(args, "cast").await,
+        Command::Status(args) => status(args).await,
+    }
+}
+
+fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => NodeConfig::default(),
+    };
+    macro_rules! layer {
+        ($($field:ident),*) => { $( if let Some(v) = args.$field.clone() { config.$field = v; } )* };
+    }
+    layer!(
+        listen,
+        namespace,
+        node_id,
+        lease_ttl,
+        renew_interval,
+        fence_margin,
+        partitions,
+        max_message_size,
+        max_live_keys
+    );
+    Ok(config)
+}
+
+async fn node(args: NodeArgs) -> anyhow::Result<()> {
+    let config = node_config(&args)?;
+    let listen = config.listen;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| {
+            format!("cannot listen on {listen} (is another node running there? pass --listen)")
+        })?;
+    let instance = Arc::new(Instance::start_embedded(config).await?);
+    for spec in &args.deploy {
+        let Some((name, path)) = spec.split_once('=') else {
+            bail!("--deploy {spec:?}: expected NAME=PATH.wasm");
+        };
+        let wasm = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+        let info = instance
+            .deploy(name, &wasm, ModuleOptions::default())
+            .await
+            .with_context(|| format!("deploying {path} as {name}"))?;
+        tracing::info!(module = %info.name, version = info.version, "deployed at start");
+        println!("deployed module {name} from {path}");
+    }
+    println!(
+        "fief node {} listening on http://{listen}",
+        instance.status().node_id
+    );
+    if let Some(name) = args
+        .deploy
+        .first()
+        .and_then(|s| s.split_once('='))
+        .map(|(n, _)| n)
+    {
+        let exe = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "fief".to_owned());
+        println!("try: {exe} call {name} alice incr");
+    }
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    fief::http::serve(instance.clone(), listener, shutdown).await?;
+    match Arc::try_unwrap(instance) {
+        Ok(instance) => instance.shutdown().await,
+        Err(_) => tracing::warn!("requests still in flight at shutdown"),
+    }
+    Ok(())
+}
+
+/// Turn an API error response into a one-line error.
+async fn api_error(response: reqwest::Response) -> anyhow::Error {
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or(text);
+    anyhow::anyhow!("{message} (HTTP {status})")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+fn connect_error(node: &str) -> impl FnOnce(reqwest::Error) -> anyhow::Error + '_ {
+    move |e| {
+        anyhow::anyhow!(
+            "cannot reach the node at {node}: {e} (is `fief node` running? pass --node URL)"
+        )
+    }
+}
+
+async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
+    let wasm =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let mut query = Vec::new();
+    for option in &args.options {
+        let Some((k, v)) = option.split_once('=') else {
+            bail!("--option {option:?}: expected NAME=VALUE");
+        };
+        query.push((k.to_owned(), v.to_owned()));
+    }
+    let url = format!(
+        "{}/v1/modules/{}",
+        args.node.trim_end_matches('/'),
+        args.module
+    );
+    let response = client()
+        .put(&url)
+        .query(&query)
+        .body(wasm)
+        .send()
+        .await
+        .map_err(connect_error(&args.node))?;
+    if !response.status().is_success() {
+        return Err(api_error(response).await);
+    }
+    let info: serde_json::Value = response.json().await?;
+    println!("deployed {} version {}", args.module, info["version"]);
+    Ok(())
+}
+
+async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
+    let url = reqwest::Url::parse(&args.node)
+        .with_context(|| format!("--node {:?} is not a URL", args.node))?;
+    let mut url = url;
+    url.path_segments_mut()
+        .map_err(|()| anyhow::anyhow!("--node {:?} cannot take a path", args.node))?
+        .pop_if_empty()
+        .extend(["v1", "keys", &args.module, &args.key, verb]);
+    let response = client()
+        .post(url)
+        .body(args.message)
+        .send()
+        .await
+        .map_err(connect_error(&args.node))?;
+    if !response.status().is_success() {
+        return Err(api_error(response).await);
+    }
+    if verb == "call" {
+        let reply = response.bytes().await?;
+        println!("{}", String::from_utf8_lossy(&reply));
+    }
+    Ok(())
+}
+
+async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let url = format!("{}/v1/status", args.node.trim_end_matches('/'));
+    let response = client()
+        .get(&url)
+        .send()
+        .await
+        .map_err(connect_error(&args.node))?;
+    if !response.status().is_success() {
+        return Err(api_error(response).await);
+    }
+    let status: serde_json::Value = response.json().await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(());
+    }
+    println!(
+        "node {} (namespace {})",
+        status["node_id"].as_str().unwrap_or("?"),
+        status["namespace"].as_str().unwrap_or("?")
+    );
+    println!(
+        "  lease: {} ({} ms to fence point), fences so far: {}",
+        status["lease"].as_str().unwrap_or("?"),
+        status["lease_remaining_ms"],
+        status["fences"]
+    );
+    println!(
+        "  partitions: {} of {} owned, table epoch {}, leader term {}",
+        status["partitions_owned"], status["partitions"], status["epoch"], status["leader_term"]
+    );
+    println!(
+        "  live keys: {}, topics: {}",
+        status["live_keys"], status["topics"]
+    );
+    for module in status["modules"].as_array().into_iter().flatten() {
+        println!(
+            "  module {} v{}: {} live keys, {} bytes, on_fence {}",
+            module["name"].as_str().unwrap_or("?"),
+            module["version"],
+            module["live_keys"],
+            module["size_bytes"],
+            module["options"]["on_fence"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}

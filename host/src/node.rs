@@ -1,0 +1,631 @@
+//! A Fief instance: one node of one namespace, embeddable in any tokio program.
+//!
+//! [`Instance`] ties the parts together: the module registry, the key
+//! runtime, pub/sub, and the *coordination loop* that holds the node's lease
+//! at the arbiter, leads when it can, keeps the local copy of the partition
+//! table, and fences the node when it cannot prove its lease current. Every
+//! decision about time and ownership is made by `fief-core` from readings of
+//! the node's [`TokioClock`]; this module carries the decisions out.
+//!
+//! Routing (guarantee 2): a message is served only if, at the moment it is
+//! routed, the node's lease is current and the table gives it the key's
+//! partition. The fence (guarantee 3) is checked three times: by the
+//! coordination loop at the fence point (kills every key), by routing (refuses
+//! every message), and by the side-effect gate in every host import.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use fief_core::assignment::orphan_assignment;
+use fief_core::{Clock, Lease, LeaseStatus, NodeId, OnFence, OwnershipTable, Route, RouteRefusal};
+use serde::Serialize;
+use tokio::sync::{oneshot, watch};
+use tokio_util::task::TaskTracker;
+
+use crate::arbiter::{Arbiter, ArbiterError, LeaseId, LocalArbiter, Term};
+use crate::bindings::types::StopReason;
+use crate::clock::TokioClock;
+use crate::config::{ModuleOptions, NodeConfig, validate_key, validate_module_name};
+use crate::error::{Error, Result};
+use crate::key::{Envelope, LiveKey, ModuleSlot, lock};
+use crate::module::compile;
+use crate::pubsub::PubSub;
+use crate::runtime::Runtime;
+
+/// State shared by the instance, its coordination loop and its key processes.
+pub(crate) struct NodeShared {
+    pub(crate) config: NodeConfig,
+    pub(crate) node_id: NodeId,
+    pub(crate) runtime: Runtime,
+    pub(crate) pubsub: PubSub,
+    pub(crate) tasks: TaskTracker,
+    clock: TokioClock,
+    arbiter: Arc<dyn Arbiter>,
+    lease: Mutex<Lease>,
+    leader_term: Mutex<Option<Term>>,
+    table: RwLock<OwnershipTable>,
+    modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
+    fences: Mutex<u64>,
+}
+
+impl NodeShared {
+    /// Whether this node may act for its keys right now: its lease is current.
+    pub(crate) fn may_act(&self) -> bool {
+        lock(&self.lease).status(self.clock.now()).is_current()
+    }
+
+    fn lease_status(&self) -> LeaseStatus {
+        lock(&self.lease).status(self.clock.now())
+    }
+
+    fn table(&self) -> std::sync::RwLockReadGuard<'_, OwnershipTable> {
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn module(&self, name: &str) -> Result<Arc<ModuleSlot>> {
+        self.modules
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownModule(name.to_owned()))
+    }
+
+    fn slots(&self) -> Vec<Arc<ModuleSlot>> {
+        self.modules
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn check_message(&self, message: &[u8]) -> Result<()> {
+        let limit = self.config.max_message_size.as_u64() as usize;
+        if message.len() > limit {
+            return Err(Error::MessageTooLarge {
+                size: message.len(),
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Route `envelope` to the key's live process, activating it if needed.
+    fn route_and_deliver(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        envelope: Envelope,
+    ) -> Result<()> {
+        validate_key(key)?;
+        let slot = self.module(module)?;
+        let route = self.table().route(&self.node_id, self.lease_status(), key);
+        match route {
+            Route::Local { partition, token } => {
+                slot.deliver(self, key, partition, token, envelope)
+            }
+            Route::Forward { owner, .. } => Err(Error::OwnerUnreachable {
+                owner: owner.to_string(),
+                why: "this build has no node-to-node transport yet".to_owned(),
+            }),
+            Route::Refuse(RouteRefusal::Fenced) => Err(Error::Fenced),
+            Route::Refuse(RouteRefusal::Unowned(p)) => Err(Error::Unowned(p)),
+        }
+    }
+
+    /// Call a key and wait for its reply, at most `timeout`.
+    pub(crate) async fn call_with_timeout(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        message: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        self.check_message(&message)?;
+        let (reply, rx) = oneshot::channel();
+        self.route_and_deliver(module, key, Envelope::Call { message, reply })?;
+        let reply = match tokio::time::timeout(timeout, rx).await {
+            Err(_) => return Err(Error::Timeout(timeout)),
+            Ok(Err(_)) => return Err(Error::KeyDied("the key process went away".to_owned())),
+            Ok(Ok(reply)) => reply?,
+        };
+        self.check_message(&reply)
+            .map_err(|e| Error::KeyDied(format!("the key's reply was refused: {e}")))?;
+        Ok(reply)
+    }
+
+    /// Send a key a one-way message.
+    pub(crate) fn cast(self: &Arc<Self>, module: &str, key: &str, message: Vec<u8>) -> Result<()> {
+        self.check_message(&message)?;
+        self.route_and_deliver(module, key, Envelope::Cast { message })
+    }
+
+    /// Fence: from now on nothing is served, and every `terminate` key is
+    /// killed. Idempotent.
+    fn fence(&self, cause: &str) {
+        lock(&self.lease).fence_now(self.clock.now());
+        *lock(&self.leader_term) = None;
+        let killed: usize = self
+            .slots()
+            .iter()
+            .filter(|slot| slot.current().options.on_fence == OnFence::Terminate)
+            .map(|slot| slot.kill_where("the node fenced", |_| true))
+            .sum();
+        // Running guests notice the kill flag at their next epoch check.
+        self.runtime.engine.increment_epoch();
+        *lock(&self.fences) += 1;
+        tracing::warn!(node = %self.node_id, cause, killed, "node fenced");
+    }
+
+    /// Kill keys whose partitions this node no longer owns per `table`.
+    fn kill_lost_keys(&self, table: &OwnershipTable) {
+        let me = &self.node_id;
+        let mut killed = 0;
+        for slot in self.slots() {
+            killed += slot.kill_where("the partition moved to another node", |p| {
+                table.owner(p).is_none_or(|a| &a.node != me)
+            });
+        }
+        if killed > 0 {
+            self.runtime.engine.increment_epoch();
+        }
+    }
+}
+
+/// What `status` reports about the node's lease.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    /// Not granted yet.
+    Pending,
+    /// Current; the node serves.
+    Current,
+    /// Fenced; the node serves nothing.
+    Fenced,
+}
+
+/// A deployed module, as reported by `status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModuleInfo {
+    /// Module name.
+    pub name: String,
+    /// Version number of the version new activations use.
+    pub version: u64,
+    /// Component size in bytes.
+    pub size_bytes: usize,
+    /// Compile time of that version, in milliseconds.
+    pub compile_ms: u128,
+    /// When that version was deployed.
+    #[serde(with = "humantime_serde")]
+    pub deployed_at: SystemTime,
+    /// Live keys of the module on this node.
+    pub live_keys: usize,
+    /// Its options.
+    pub options: ModuleOptions,
+}
+
+/// A snapshot of a node, for `fief status` and `GET /v1/status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    /// The namespace.
+    pub namespace: String,
+    /// This node's id.
+    pub node_id: String,
+    /// Lease state.
+    pub lease: LeaseState,
+    /// Time left before the fence point, in milliseconds (0 unless current).
+    pub lease_remaining_ms: u128,
+    /// The leader's term, if this node leads.
+    pub leader_term: Option<u64>,
+    /// Partition table epoch known to this node.
+    pub epoch: u64,
+    /// Partitions in the namespace.
+    pub partitions: u32,
+    /// Partitions this node owns.
+    pub partitions_owned: usize,
+    /// How many times this node has fenced.
+    pub fences: u64,
+    /// Live key processes on this node.
+    pub live_keys: usize,
+    /// Topics with subscribers on this node.
+    pub topics: usize,
+    /// Deployed modules.
+    pub modules: Vec<ModuleInfo>,
+}
+
+/// One Fief node: start it, deploy modules, call keys, stop it.
+///
+/// ```no_run
+/// # async fn demo(wasm: Vec<u8>) -> Result<(), fief::Error> {
+/// use fief::{Instance, ModuleOptions, NodeConfig};
+///
+/// let node = Instance::start_embedded(NodeConfig::default()).await?;
+/// node.deploy("counter", &wasm, ModuleOptions::default()).await?;
+/// let reply = node.call("counter", "alice", b"incr".to_vec()).await?;
+/// assert_eq!(reply, b"1");
+/// node.shutdown().await;
+/// # Ok(()) }
+/// ```
+pub struct Instance {
+    shared: Arc<NodeShared>,
+    coordination: tokio::task::JoinHandle<()>,
+}
+
+impl Instance {
+    /// Start a node with its own in-process arbiter (the embedded default):
+    /// it is the namespace's only node and owns every partition.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the configuration cannot work.
+    pub async fn start_embedded(config: NodeConfig) -> Result<Instance> {
+        let clock = TokioClock::new();
+        let arbiter = LocalArbiter::new(Arc::new(clock), config.partition_count());
+        Instance::start(config, Arc::new(arbiter)).await
+    }
+
+    /// Start a node against `arbiter`. Returns once the node holds a lease
+    /// and knows the table (or after one TTL, fenced-or-pending, if the
+    /// arbiter cannot be reached; the node keeps trying in the background).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the configuration cannot work.
+    pub async fn start(config: NodeConfig, arbiter: Arc<dyn Arbiter>) -> Result<Instance> {
+        config.validate()?;
+        let timing = config.lease_timing()?;
+        let runtime = Runtime::new(&config)?;
+        let shared = Arc::new(NodeShared {
+            node_id: NodeId::new(&config.node_id),
+            table: RwLock::new(OwnershipTable::new(config.partition_count())),
+            lease: Mutex::new(Lease::new(timing)),
+            config,
+            runtime,
+            pubsub: PubSub::default(),
+            tasks: TaskTracker::new(),
+            clock: TokioClock::new(),
+            arbiter,
+            leader_term: Mutex::new(None),
+            modules: RwLock::new(HashMap::new()),
+            fences: Mutex::new(0),
+        });
+        let (ready_tx, mut ready_rx) = watch::channel(false);
+        let coordination = tokio::spawn(supervise(shared.clone(), ready_tx));
+        let ttl = shared.config.lease_ttl;
+        let _ = tokio::time::timeout(ttl, ready_rx.wait_for(|ready| *ready)).await;
+        tracing::info!(node = %shared.node_id, namespace = %shared.config.namespace, "node started");
+        Ok(Instance {
+            shared,
+            coordination,
+        })
+    }
+
+    /// The node's configuration.
+    pub fn config(&self) -> &NodeConfig {
+        &self.shared.config
+    }
+
+    /// Deploy (or replace) a module on this node. Live keys of a replaced
+    /// module finish on their version; new activations use the new one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidModuleName`], [`Error::InvalidOptions`] or
+    /// [`Error::InvalidModule`] saying what is wrong; nothing is changed.
+    pub async fn deploy(
+        &self,
+        name: &str,
+        wasm: &[u8],
+        options: ModuleOptions,
+    ) -> Result<ModuleInfo> {
+        validate_module_name(name)?;
+        options.validate_for(&self.shared.config, &self.shared.config.lease_timing()?)?;
+        if options.on_fence != OnFence::Terminate {
+            return Err(Error::InvalidOptions(format!(
+                "on_fence = {} is not available yet: survivors need limbo, which this build does not have; deploy with on_fence = terminate",
+                options.on_fence
+            )));
+        }
+        let existing = self.shared.module(name).ok();
+        let version = existing
+            .as_ref()
+            .map_or(1, |slot| slot.current().version + 1);
+        let shared = self.shared.clone();
+        let wasm = wasm.to_vec();
+        let compiled =
+            tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
+                .await
+                .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
+        tracing::info!(
+            module = name,
+            version,
+            bytes = compiled.size_bytes,
+            compile_ms = compiled.compile_time.as_millis(),
+            "module deployed"
+        );
+        match existing {
+            Some(slot) => slot.replace(compiled),
+            None => {
+                let slot = Arc::new(ModuleSlot::new(name, compiled));
+                self.shared
+                    .modules
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(name.to_owned(), slot);
+            }
+        }
+        Ok(module_info(&*self.shared.module(name)?))
+    }
+
+    /// Call `key` of `module` with `message` and wait for its reply (at most
+    /// the node's `call_timeout`). Activates the key if it is not live.
+    ///
+    /// # Errors
+    ///
+    /// Any [`Error`]: bad input, routing refusals (fenced, unowned), a full
+    /// mailbox, the key's own error, its death, or a timeout.
+    pub async fn call(&self, module: &str, key: &str, message: Vec<u8>) -> Result<Vec<u8>> {
+        let timeout = self.shared.config.call_timeout;
+        self.shared
+            .call_with_timeout(module, key, message, timeout)
+            .await
+    }
+
+    /// Send `key` of `module` a one-way message. Returns once it is in the
+    /// key's mailbox.
+    ///
+    /// # Errors
+    ///
+    /// As [`Instance::call`], except those about the reply.
+    pub fn cast(&self, module: &str, key: &str, message: Vec<u8>) -> Result<()> {
+        self.shared.cast(module, key, message)
+    }
+
+    /// Kill a key's process now (it traps at once, even mid-callback). The
+    /// next message starts a fresh process. Returns whether it was live.
+    pub fn kill_key(&self, module: &str, key: &str) -> bool {
+        let killed = self
+            .shared
+            .module(module)
+            .is_ok_and(|slot| slot.kill(key, "killed by an operator"));
+        self.shared.runtime.engine.increment_epoch();
+        killed
+    }
+
+    /// Stop a key gracefully: `handoff` (if `with_handoff`), then
+    /// `terminate`. Returns the handoff state. `Ok(None)` if it was not live.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownModule`], or [`Error::KeyDied`] if it died stopping.
+    pub async fn stop_key(
+        &self,
+        module: &str,
+        key: &str,
+        reason: StopReason,
+    ) -> Result<Option<Vec<u8>>> {
+        let slot = self.shared.module(module)?;
+        match slot.stop(key, reason) {
+            None => Ok(None),
+            Some(rx) => rx
+                .await
+                .map_err(|_| Error::KeyDied("the key went away while stopping".to_owned()))?,
+        }
+    }
+
+    /// Every live key on this node.
+    pub fn keys(&self) -> Vec<LiveKey> {
+        self.shared.slots().iter().flat_map(|s| s.list()).collect()
+    }
+
+    /// A snapshot of the node.
+    pub fn status(&self) -> Status {
+        let shared = &self.shared;
+        let now = shared.clock.now();
+        let lease = shared.lease_status();
+        let (state, remaining) = match lease {
+            LeaseStatus::Pending => (LeaseState::Pending, 0),
+            LeaseStatus::Current { fence_point } => (
+                LeaseState::Current,
+                fence_point.saturating_duration_since(now).as_millis(),
+            ),
+            LeaseStatus::Fenced { .. } => (LeaseState::Fenced, 0),
+        };
+        let table = shared.table();
+        let mut modules: Vec<ModuleInfo> = shared.slots().iter().map(|s| module_info(s)).collect();
+        modules.sort_by(|a, b| a.name.cmp(&b.name));
+        Status {
+            namespace: shared.config.namespace.clone(),
+            node_id: shared.node_id.to_string(),
+            lease: state,
+            lease_remaining_ms: remaining,
+            leader_term: lock(&shared.leader_term).map(|t| t.0),
+            epoch: table.epoch(),
+            partitions: table.partitions().get(),
+            partitions_owned: table.count_owned_by(&shared.node_id),
+            fences: *lock(&shared.fences),
+            live_keys: modules.iter().map(|m| m.live_keys).sum(),
+            topics: shared.pubsub.topic_count(),
+            modules,
+        }
+    }
+
+    /// Fence the node now, as if its lease could not be renewed: every
+    /// `terminate` key is killed and nothing is served until it rejoins.
+    pub fn fence_now(&self) {
+        self.shared.fence("requested");
+    }
+
+    /// Stop the node: stop every key gracefully (`terminate(shutdown)`),
+    /// kill what does not stop within a second, release the lease.
+    pub async fn shutdown(self) {
+        self.coordination.abort();
+        let mut stops = Vec::new();
+        for slot in self.shared.slots() {
+            for key in slot.live_key_names() {
+                if let Some(rx) = slot.stop(&key, StopReason::Shutdown) {
+                    stops.push(rx);
+                }
+            }
+        }
+        let graceful = async {
+            for rx in stops {
+                let _ = rx.await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(1), graceful)
+            .await
+            .is_err()
+        {
+            for slot in self.shared.slots() {
+                slot.kill_where("the node is shutting down", |_| true);
+            }
+            self.shared.runtime.engine.increment_epoch();
+        }
+        self.shared.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.shared.tasks.wait()).await;
+        tracing::info!(node = %self.shared.node_id, "node stopped");
+    }
+}
+
+fn module_info(slot: &ModuleSlot) -> ModuleInfo {
+    let current = slot.current();
+    ModuleInfo {
+        name: slot.name.to_string(),
+        version: current.version,
+        size_bytes: current.size_bytes,
+        compile_ms: current.compile_time.as_millis(),
+        deployed_at: current.deployed_at,
+        live_keys: slot.live_keys(),
+        options: current.options.clone(),
+    }
+}
+
+/// Run the coordination loop; if it ever ends or panics, the node fences
+/// (contract §1.3: "its own coordination crashed").
+async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
+    let outcome = tokio::spawn(coordinate(shared.clone(), ready)).await;
+    if let Err(e) = outcome
+        && e.is_panic()
+    {
+        shared.fence("the coordination loop crashed");
+    }
+}
+
+/// The coordination loop: join (register a lease), then renew, lead, follow
+/// the table, and fence at the fence point; after a fence, rejoin.
+async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
+    let ns = shared.config.namespace.clone();
+    let renew_interval = shared.config.renew_interval;
+    loop {
+        let lease_id = join(&shared, &ns).await;
+        loop {
+            if !lock(&shared.lease).status(shared.clock.now()).is_current() {
+                shared.fence("the lease could not be renewed before the fence point");
+                break;
+            }
+            sync_table(&shared, &ns, lease_id).await;
+            ready.send_replace(true);
+            // Sleep until the next renewal, waking at the fence point if that
+            // comes first.
+            let (next_renewal, fence_point) = {
+                let lease = lock(&shared.lease);
+                (lease.next_renewal_at(), lease.fence_point())
+            };
+            let wake = fence_point.map_or(next_renewal, |f| f.min(next_renewal));
+            tokio::time::sleep_until(shared.clock.to_tokio(wake)).await;
+            if shared.clock.now() < next_renewal {
+                continue;
+            }
+            if let Err(ArbiterError::LeaseExpired(_)) =
+                renew(&shared, &ns, lease_id, renew_interval).await
+            {
+                shared.fence("the arbiter says the lease expired");
+                break;
+            }
+        }
+        // Rejoin with a fresh lease.
+        *lock(&shared.lease) = Lease::new(*lock(&shared.lease).timing());
+    }
+}
+
+/// Register a fresh lease, retrying every renewal interval.
+async fn join(shared: &NodeShared, ns: &str) -> LeaseId {
+    loop {
+        let renewal = lock(&shared.lease).begin_renewal(shared.clock.now());
+        let attempt = tokio::time::timeout(
+            shared.config.renew_interval,
+            shared
+                .arbiter
+                .register(ns, &shared.node_id, shared.config.lease_ttl),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(id)) => {
+                lock(&shared.lease).renewal_succeeded(renewal, shared.clock.now());
+                tracing::info!(node = %shared.node_id, lease = id.0, "lease granted");
+                return id;
+            }
+            Ok(Err(e)) => tracing::warn!(node = %shared.node_id, error = %e, "cannot join"),
+            Err(_) => {
+                tracing::warn!(node = %shared.node_id, "cannot join: the arbiter did not answer")
+            }
+        }
+        tokio::time::sleep(shared.config.renew_interval).await;
+    }
+}
+
+/// Renew the lease once; the fence point moves only on success.
+async fn renew(
+    shared: &NodeShared,
+    ns: &str,
+    lease_id: LeaseId,
+    limit: Duration,
+) -> Result<(), ArbiterError> {
+    let renewal = lock(&shared.lease).begin_renewal(shared.clock.now());
+    let answer = tokio::time::timeout(limit, shared.arbiter.renew(ns, &shared.node_id, lease_id))
+        .await
+        .unwrap_or_else(|_| Err(ArbiterError::Unreachable("no answer in time".to_owned())));
+    match &answer {
+        Ok(()) => {
+            lock(&shared.lease).renewal_succeeded(renewal, shared.clock.now());
+        }
+        Err(e) => tracing::warn!(node = %shared.node_id, error = %e, "lease renewal failed"),
+    }
+    answer
+}
+
+/// Lead if possible (give orphaned partitions to live nodes), then adopt the
+/// arbiter's table and kill keys of partitions this node lost.
+async fn sync_table(shared: &NodeShared, ns: &str, lease_id: LeaseId) {
+    let arbiter = &shared.arbiter;
+    match arbiter.campaign(ns, &shared.node_id, lease_id).await {
+        Ok(Some(term)) => {
+            *lock(&shared.leader_term) = Some(term);
+            if let (Ok(live), Ok(table)) = (arbiter.live_nodes(ns).await, arbiter.table(ns).await) {
+                let changes = orphan_assignment(&table, &live);
+                if !changes.is_empty()
+                    && let Err(e) = arbiter.write_table(ns, term, changes).await
+                {
+                    tracing::warn!(node = %shared.node_id, error = %e, "table change refused");
+                }
+            }
+        }
+        Ok(None) => *lock(&shared.leader_term) = None,
+        Err(e) => tracing::debug!(node = %shared.node_id, error = %e, "campaign failed"),
+    }
+    if let Ok(newer) = arbiter.table(ns).await {
+        let changed = shared
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .update_from(&newer);
+        if changed {
+            shared.kill_lost_keys(&newer);
+        }
+    }
+}
