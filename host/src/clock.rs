@@ -1,14 +1,31 @@
-//! The node's clock: tokio's monotonic clock, read through the core's
-//! [`Clock`] trait.
+//! The node's clocks: a monotonic clock it reads, and sleeps it can take on it.
 //!
-//! In production this is the OS monotonic clock. Under tokio's paused test
-//! time (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`) it is
-//! stepped by the test, together with every sleep the node does, which is how
-//! node-level fence tests control time.
+//! The core reasons in [`fief_core::Instant`]s and never reads a clock; the
+//! node reads one through [`NodeClock`], which adds the one thing the outer
+//! layer needs besides `now`: sleeping until an instant. Two clocks:
+//!
+//! - [`TokioClock`]: the OS monotonic clock (through tokio), for production.
+//! - [`SteppedClock`]: moves only when a test calls [`SteppedClock::advance`],
+//!   waking every sleeper whose instant has come. Tests share one stepped clock
+//!   between nodes and the local arbiter to walk a cluster through lease
+//!   expiry, fences and takeovers without waiting and without luck, while
+//!   sockets and tasks run in real time.
 
-use fief_core::{Clock, Instant};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
-/// A [`Clock`] over `tokio::time::Instant`, counted from its creation.
+use fief_core::{Clock, Instant, ManualClock};
+use tokio::sync::watch;
+
+/// A clock the node can read and sleep on.
+pub trait NodeClock: Clock {
+    /// Resolve once the clock reads `deadline` or later.
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// The OS monotonic clock, through tokio, counted from the clock's creation.
 #[derive(Clone, Copy, Debug)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
@@ -21,11 +38,6 @@ impl TokioClock {
             origin: tokio::time::Instant::now(),
         }
     }
-
-    /// The tokio instant matching a core instant of this clock.
-    pub fn to_tokio(&self, instant: Instant) -> tokio::time::Instant {
-        self.origin + instant.since_origin()
-    }
 }
 
 impl Default for TokioClock {
@@ -37,5 +49,69 @@ impl Default for TokioClock {
 impl Clock for TokioClock {
     fn now(&self) -> Instant {
         Instant::from_origin(self.origin.elapsed())
+    }
+}
+
+impl NodeClock for TokioClock {
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(tokio::time::sleep_until(
+            self.origin + deadline.since_origin(),
+        ))
+    }
+}
+
+/// A clock that only moves when told to. Clones share the same time.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use fief::clock::{NodeClock, SteppedClock};
+/// use fief_core::{Clock, Instant};
+/// use std::time::Duration;
+///
+/// let clock = SteppedClock::default();
+/// let woken = tokio::spawn({
+///     let clock = clock.clone();
+///     async move { clock.sleep_until(Instant::ZERO + Duration::from_secs(5)).await }
+/// });
+/// clock.advance(Duration::from_secs(5));
+/// woken.await.unwrap();
+/// assert_eq!(clock.now().since_origin(), Duration::from_secs(5));
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SteppedClock {
+    inner: ManualClock,
+    ticks: Arc<watch::Sender<Instant>>,
+}
+
+impl Default for SteppedClock {
+    fn default() -> Self {
+        SteppedClock {
+            inner: ManualClock::default(),
+            ticks: Arc::new(watch::channel(Instant::ZERO).0),
+        }
+    }
+}
+
+impl SteppedClock {
+    /// Move the clock forward by `by`, waking sleepers whose time has come.
+    pub fn advance(&self, by: Duration) {
+        self.inner.advance(by);
+        self.ticks.send_replace(self.inner.now());
+    }
+}
+
+impl Clock for SteppedClock {
+    fn now(&self) -> Instant {
+        self.inner.now()
+    }
+}
+
+impl NodeClock for SteppedClock {
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let mut ticks = self.ticks.subscribe();
+        Box::pin(async move {
+            let _ = ticks.wait_for(|now| *now >= deadline).await;
+        })
     }
 }

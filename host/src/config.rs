@@ -33,8 +33,14 @@ pub struct NodeConfig {
     pub namespace: String,
     /// This node's id, unique within the namespace.
     pub node_id: String,
+    /// The arbiter: `local` (in-process, the embedded default) or a
+    /// PostgreSQL URL (`postgres://user@host:5432/db`).
+    pub arbiter: String,
     /// Address of the HTTP API.
     pub listen: SocketAddr,
+    /// Address of the node-to-node transport; `None` for a node that takes
+    /// no forwarded messages (a single embedded node).
+    pub peer_listen: Option<SocketAddr>,
     /// Lease time-to-live at the arbiter.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
@@ -72,7 +78,9 @@ impl Default for NodeConfig {
         NodeConfig {
             namespace: "default".to_owned(),
             node_id: "node-1".to_owned(),
+            arbiter: "local".to_owned(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            peer_listen: None,
             lease_ttl: DEFAULT_LEASE_TTL,
             renew_interval: DEFAULT_RENEW_INTERVAL,
             fence_margin: DEFAULT_FENCE_MARGIN,
@@ -123,6 +131,15 @@ impl NodeConfig {
             return bad("namespace and node_id must not be empty".to_owned());
         }
         PartitionCount::new(self.partitions).map_err(Error::Config)?;
+        if self.arbiter != "local"
+            && !self.arbiter.starts_with("postgres://")
+            && !self.arbiter.starts_with("postgresql://")
+        {
+            return bad(format!(
+                "arbiter {:?} is neither `local` nor a postgres:// URL",
+                self.arbiter
+            ));
+        }
         if self.epoch_tick.is_zero() || self.epoch_tick > Duration::from_millis(100) {
             return bad(format!(
                 "epoch_tick ({:?}) must be above zero and at most 100ms: it bounds how fast a running guest can be killed",

@@ -59,6 +59,24 @@ pub enum Error {
         /// What went wrong.
         why: String,
     },
+    /// This node received a forwarded message for a key it does not own.
+    #[error(
+        "this node does not own the key (its table names {owner:?}); the sender's table is stale, retry shortly"
+    )]
+    NotOwner {
+        /// The owner per this node's table, if any.
+        owner: String,
+    },
+    /// An error the owner of a key answered with, passed through.
+    #[error("{message}")]
+    Remote {
+        /// The owner's error code.
+        code: String,
+        /// The HTTP status for it.
+        status: u16,
+        /// The owner's message.
+        message: String,
+    },
     /// The key's mailbox is full.
     #[error(
         "key {key:?} of module {module:?} is overloaded: its mailbox of {depth} messages is full; retry later"
@@ -113,8 +131,9 @@ pub enum Error {
 
 impl Error {
     /// A stable, machine-readable name for the error.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> &str {
         match self {
+            Error::Remote { code, .. } => code,
             Error::UnknownModule(_) => "unknown_module",
             Error::InvalidKey(_) => "invalid_key",
             Error::InvalidModuleName { .. } => "invalid_module_name",
@@ -124,6 +143,7 @@ impl Error {
             Error::Fenced => "fenced",
             Error::Unowned(_) => "unowned",
             Error::OwnerUnreachable { .. } => "owner_unreachable",
+            Error::NotOwner { .. } => "not_owner",
             Error::Overloaded { .. } => "overloaded",
             Error::TooManyKeys { .. } => "too_many_keys",
             Error::InitRefused(_) => "init_refused",
@@ -152,7 +172,8 @@ impl Error {
             Error::Overloaded { .. } | Error::TooManyKeys { .. } => 429,
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } => 502,
-            Error::Fenced | Error::Unowned(_) | Error::ShuttingDown => 503,
+            Error::Fenced | Error::Unowned(_) | Error::ShuttingDown | Error::NotOwner { .. } => 503,
+            Error::Remote { status, .. } => *status,
             Error::Timeout(_) => 504,
         }
     }

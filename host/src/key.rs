@@ -596,6 +596,35 @@ impl ModuleSlot {
     }
 }
 
+/// A point in a key process's life, reported to the instance's observer.
+///
+/// `Started` is reported before the store is created and `Ended` after it
+/// was dropped, so the interval between them covers every instant at which
+/// the process could run guest code or act. Failure tests collect these from
+/// every node and check that no two intervals of one key overlap.
+#[derive(Clone, Debug)]
+pub struct KeyLife {
+    /// The node hosting the process.
+    pub node: String,
+    /// The module.
+    pub module: String,
+    /// The key.
+    pub key: String,
+    /// Which end of the life this is.
+    pub event: KeyLifeEvent,
+    /// When, on this process's monotonic clock.
+    pub at: std::time::Instant,
+}
+
+/// Which end of a key process's life a [`KeyLife`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyLifeEvent {
+    /// The process is about to be created.
+    Started,
+    /// The process's store has been dropped.
+    Ended,
+}
+
 /// How a key's message loop ended.
 enum Exit {
     /// Killed by the host (fence, operator, shutdown).
@@ -617,6 +646,7 @@ async fn run_key(
 ) {
     let control = env.control.clone();
     let key = env.key.clone();
+    node.observe(&env.module, &key, KeyLifeEvent::Started);
     let started = tokio::select! {
         biased;
         () = control.killed() => Err(Error::KeyDied(format!(
@@ -628,6 +658,7 @@ async fn run_key(
         Ok(process) => process,
         Err(error) => {
             tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
+            node.observe(&env.module, &key, KeyLifeEvent::Ended);
             slot.remove_if_current(&key, env.generation);
             rx.close();
             while let Ok(envelope) = rx.try_recv() {
@@ -676,6 +707,7 @@ async fn run_key(
     // Drop the store (and with it the instance, its timers and its
     // subscriptions) before the key can be activated again.
     drop(process);
+    node.observe(&env.module, &key, KeyLifeEvent::Ended);
     slot.remove_if_current(&key, env.generation);
     let why = match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),

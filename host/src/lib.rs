@@ -24,11 +24,12 @@ pub mod module;
 mod node;
 mod pubsub;
 mod runtime;
+mod transport;
 
 pub use bindings::types::StopReason;
-pub use clock::TokioClock;
+pub use clock::{SteppedClock, TokioClock};
 pub use config::{ModuleOptions, NodeConfig};
 pub use error::{Error, Result};
 pub use fief_core as core;
-pub use key::LiveKey;
-pub use node::{Instance, LeaseState, ModuleInfo, Status};
+pub use key::{KeyLife, KeyLifeEvent, LiveKey};
+pub use node::{Instance, InstanceBuilder, KeyLifeObserver, LeaseState, ModuleInfo, Status};

@@ -41,9 +41,15 @@ struct NodeArgs {
     /// A TOML file with node settings (the keys of `NodeConfig`).
     #[arg(long, env = "FIEF_CONFIG")]
     config: Option<PathBuf>,
+    /// The arbiter: `local` (embedded) or `postgres://user@host:5432/db`.
+    #[arg(long, env = "FIEF_ARBITER")]
+    arbiter: Option<String>,
     /// Address of the HTTP API.
     #[arg(long, env = "FIEF_LISTEN")]
     listen: Option<SocketAddr>,
+    /// Address of the node-to-node transport (needed in a cluster).
+    #[arg(long, env = "FIEF_PEER_LISTEN")]
+    peer_listen: Option<SocketAddr>,
     /// The namespace (every node of a cluster uses the same).
     #[arg(long, env = "FIEF_NAMESPACE")]
     namespace: Option<String>,
@@ -158,6 +164,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         ($($field:ident),*) => { $( if let Some(v) = args.$field.clone() { config.$field = v; } )* };
     }
     layer!(
+        arbiter,
         listen,
         namespace,
         node_id,
@@ -168,6 +175,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         max_message_size,
         max_live_keys
     );
+    if let Some(addr) = args.peer_listen {
+        config.peer_listen = Some(addr);
+    }
     Ok(config)
 }
 

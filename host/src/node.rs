@@ -18,20 +18,21 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fief_core::assignment::orphan_assignment;
-use fief_core::{Clock, Lease, LeaseStatus, NodeId, OnFence, OwnershipTable, Route, RouteRefusal};
+use fief_core::{Lease, LeaseStatus, NodeId, OnFence, OwnershipTable, Route, RouteRefusal};
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 
-use crate::arbiter::{Arbiter, ArbiterError, LeaseId, LocalArbiter, Term};
+use crate::arbiter::{Arbiter, ArbiterError, LeaseId, LocalArbiter, PostgresArbiter, Term};
 use crate::bindings::types::StopReason;
-use crate::clock::TokioClock;
+use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig, validate_key, validate_module_name};
 use crate::error::{Error, Result};
-use crate::key::{Envelope, LiveKey, ModuleSlot, lock};
+use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, lock};
 use crate::module::compile;
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
+use crate::transport::{PeerPool, PeerRequest};
 
 /// State shared by the instance, its coordination loop and its key processes.
 pub(crate) struct NodeShared {
@@ -40,16 +41,37 @@ pub(crate) struct NodeShared {
     pub(crate) runtime: Runtime,
     pub(crate) pubsub: PubSub,
     pub(crate) tasks: TaskTracker,
-    clock: TokioClock,
+    clock: Arc<dyn NodeClock>,
     arbiter: Arc<dyn Arbiter>,
+    /// Live members and where their peers reach them, per the arbiter.
+    members: RwLock<HashMap<NodeId, Option<String>>>,
+    peers: PeerPool,
+    peer_addr: Option<String>,
     lease: Mutex<Lease>,
     leader_term: Mutex<Option<Term>>,
     table: RwLock<OwnershipTable>,
     modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
     fences: Mutex<u64>,
+    observer: Option<KeyLifeObserver>,
 }
 
+/// Receives every key process's start and end (see [`KeyLife`]).
+pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;
+
 impl NodeShared {
+    /// Report a key life event to the observer, if there is one.
+    pub(crate) fn observe(&self, module: &str, key: &str, event: KeyLifeEvent) {
+        if let Some(observer) = &self.observer {
+            observer(KeyLife {
+                node: self.node_id.to_string(),
+                module: module.to_owned(),
+                key: key.to_owned(),
+                event,
+                at: std::time::Instant::now(),
+            });
+        }
+    }
+
     /// Whether this node may act for its keys right now: its lease is current.
     pub(crate) fn may_act(&self) -> bool {
         lock(&self.lease).status(self.clock.now()).is_current()
@@ -94,30 +116,43 @@ impl NodeShared {
         Ok(())
     }
 
-    /// Route `envelope` to the key's live process, activating it if needed.
-    fn route_and_deliver(
-        self: &Arc<Self>,
-        module: &str,
-        key: &str,
-        envelope: Envelope,
-    ) -> Result<()> {
+    /// Decide where a message for `key` goes, as of now.
+    fn route(&self, key: &str) -> Route {
+        self.table().route(&self.node_id, self.lease_status(), key)
+    }
+
+    /// Where the peers of `owner` reach it.
+    fn peer_addr_of(&self, owner: &NodeId) -> Result<String> {
+        self.members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(owner)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| Error::OwnerUnreachable {
+                owner: owner.to_string(),
+                why: "the arbiter lists no peer address for it".to_owned(),
+            })
+    }
+
+    /// Put `envelope` in the key's mailbox on this node, if this node owns
+    /// the key right now; never forwards.
+    fn deliver_local(self: &Arc<Self>, module: &str, key: &str, envelope: Envelope) -> Result<()> {
         validate_key(key)?;
         let slot = self.module(module)?;
-        let route = self.table().route(&self.node_id, self.lease_status(), key);
-        match route {
+        match self.route(key) {
             Route::Local { partition, token } => {
                 slot.deliver(self, key, partition, token, envelope)
             }
-            Route::Forward { owner, .. } => Err(Error::OwnerUnreachable {
+            Route::Forward { owner, .. } => Err(Error::NotOwner {
                 owner: owner.to_string(),
-                why: "this build has no node-to-node transport yet".to_owned(),
             }),
-            Route::Refuse(RouteRefusal::Fenced) => Err(Error::Fenced),
-            Route::Refuse(RouteRefusal::Unowned(p)) => Err(Error::Unowned(p)),
+            Route::Refuse(refusal) => Err(refused(refusal)),
         }
     }
 
-    /// Call a key and wait for its reply, at most `timeout`.
+    /// Call a key and wait for its reply, at most `timeout`, on whichever
+    /// node owns it.
     pub(crate) async fn call_with_timeout(
         self: &Arc<Self>,
         module: &str,
@@ -126,8 +161,33 @@ impl NodeShared {
         timeout: Duration,
     ) -> Result<Vec<u8>> {
         self.check_message(&message)?;
+        validate_key(key)?;
+        if let Route::Forward { owner, .. } = self.route(key) {
+            let addr = self.peer_addr_of(&owner)?;
+            let request = PeerRequest::Call {
+                module: module.to_owned(),
+                key: key.to_owned(),
+                message,
+                timeout_ms: timeout.as_millis() as u64,
+            };
+            return self
+                .peers
+                .request(&addr, request, timeout)
+                .await
+                .map_err(|e| name_owner(e, &owner, &addr));
+        }
+        self.call_local(module, key, message, timeout).await
+    }
+
+    async fn call_local(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        message: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
         let (reply, rx) = oneshot::channel();
-        self.route_and_deliver(module, key, Envelope::Call { message, reply })?;
+        self.deliver_local(module, key, Envelope::Call { message, reply })?;
         let reply = match tokio::time::timeout(timeout, rx).await {
             Err(_) => return Err(Error::Timeout(timeout)),
             Ok(Err(_)) => return Err(Error::KeyDied("the key process went away".to_owned())),
@@ -138,10 +198,58 @@ impl NodeShared {
         Ok(reply)
     }
 
-    /// Send a key a one-way message.
+    /// Send a key a one-way message, on whichever node owns it. A cast to
+    /// another node is sent in the background; its failure is logged.
     pub(crate) fn cast(self: &Arc<Self>, module: &str, key: &str, message: Vec<u8>) -> Result<()> {
         self.check_message(&message)?;
-        self.route_and_deliver(module, key, Envelope::Cast { message })
+        validate_key(key)?;
+        if let Route::Forward { owner, .. } = self.route(key) {
+            let addr = self.peer_addr_of(&owner)?;
+            let request = PeerRequest::Cast {
+                module: module.to_owned(),
+                key: key.to_owned(),
+                message,
+            };
+            let node = self.clone();
+            let timeout = self.config.call_timeout;
+            tokio::spawn(async move {
+                if let Err(error) = node.peers.request(&addr, request, timeout).await {
+                    tracing::warn!(%owner, %error, "a forwarded cast failed");
+                }
+            });
+            return Ok(());
+        }
+        self.deliver_local(module, key, Envelope::Cast { message })
+    }
+
+    /// Serve a request forwarded by a peer: only if this node owns the key
+    /// now (the owner's re-check); never forward it again.
+    pub(crate) async fn serve_peer_request(
+        self: &Arc<Self>,
+        request: PeerRequest,
+    ) -> Result<Vec<u8>> {
+        match request {
+            PeerRequest::Call {
+                module,
+                key,
+                message,
+                timeout_ms,
+            } => {
+                self.check_message(&message)?;
+                let timeout = Duration::from_millis(timeout_ms).min(self.config.call_timeout);
+                self.call_local(&module, &key, message, timeout).await
+            }
+            PeerRequest::Cast {
+                module,
+                key,
+                message,
+            } => {
+                self.check_message(&message)?;
+                self.deliver_local(&module, &key, Envelope::Cast { message })
+                    .map(|()| Vec::new())
+            }
+            PeerRequest::Hello { .. } => Ok(Vec::new()),
+        }
     }
 
     /// Fence: from now on nothing is served, and every `terminate` key is
@@ -173,6 +281,24 @@ impl NodeShared {
         if killed > 0 {
             self.runtime.engine.increment_epoch();
         }
+    }
+}
+
+/// Name the owner by its node id (the transport only knows its address).
+fn name_owner(error: Error, owner: &NodeId, addr: &str) -> Error {
+    match error {
+        Error::OwnerUnreachable { why, .. } => Error::OwnerUnreachable {
+            owner: owner.to_string(),
+            why: format!("{why} (peer address {addr})"),
+        },
+        other => other,
+    }
+}
+
+fn refused(refusal: RouteRefusal) -> Error {
+    match refusal {
+        RouteRefusal::Fenced => Error::Fenced,
+        RouteRefusal::Unowned(p) => Error::Unowned(p),
     }
 }
 
@@ -237,6 +363,126 @@ pub struct Status {
     pub modules: Vec<ModuleInfo>,
 }
 
+/// Chooses how an [`Instance`] starts: its arbiter, clock and peer listener.
+pub struct InstanceBuilder {
+    config: NodeConfig,
+    arbiter: Option<Arc<dyn Arbiter>>,
+    clock: Option<Arc<dyn NodeClock>>,
+    peer_listener: Option<tokio::net::TcpListener>,
+    observer: Option<KeyLifeObserver>,
+}
+
+impl InstanceBuilder {
+    /// Report every key process's start and end to `observer` (for
+    /// single-ownership checkers and audits).
+    pub fn observer(mut self, observer: KeyLifeObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Use `arbiter` (default: a fresh [`LocalArbiter`] of the node's own).
+    pub fn arbiter(mut self, arbiter: Arc<dyn Arbiter>) -> Self {
+        self.arbiter = Some(arbiter);
+        self
+    }
+
+    /// Measure the lease on `clock` (default: [`TokioClock`]).
+    pub fn clock(mut self, clock: Arc<dyn NodeClock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Serve peers on `listener` (default: bind `peer_listen` from the
+    /// config, if set; otherwise the node takes no forwarded messages).
+    pub fn peer_listener(mut self, listener: tokio::net::TcpListener) -> Self {
+        self.peer_listener = Some(listener);
+        self
+    }
+
+    /// Start the node. Returns once it holds a lease and knows the table, or
+    /// after one lease TTL if the arbiter cannot be reached (the node keeps
+    /// trying in the background and serves nothing meanwhile).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the configuration cannot work or a listener
+    /// cannot be bound.
+    pub async fn start(self) -> Result<Instance> {
+        let config = self.config;
+        config.validate()?;
+        let timing = config.lease_timing()?;
+        let clock: Arc<dyn NodeClock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        let arbiter: Arc<dyn Arbiter> = match self.arbiter {
+            Some(arbiter) => arbiter,
+            None if config.arbiter == "local" => {
+                Arc::new(LocalArbiter::new(clock.clone(), config.partition_count()))
+            }
+            None => Arc::new(
+                PostgresArbiter::connect(
+                    &config.arbiter,
+                    &config.namespace,
+                    config.partition_count(),
+                )
+                .await
+                .map_err(|e| Error::Config(format!("cannot use the arbiter: {e}")))?,
+            ),
+        };
+        let peer_listener = match (self.peer_listener, config.peer_listen) {
+            (Some(listener), _) => Some(listener),
+            (None, Some(addr)) => {
+                Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    Error::Config(format!("cannot listen for peers on {addr}: {e}"))
+                })?)
+            }
+            (None, None) => None,
+        };
+        let peer_addr = match &peer_listener {
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|e| Error::Config(format!("peer listener: {e}")))?
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let runtime = Runtime::new(&config)?;
+        let shared = Arc::new(NodeShared {
+            node_id: NodeId::new(&config.node_id),
+            table: RwLock::new(OwnershipTable::new(config.partition_count())),
+            lease: Mutex::new(Lease::new(timing)),
+            peers: PeerPool::new(
+                &config.namespace,
+                &config.node_id,
+                config.max_message_size.as_u64() as usize,
+            ),
+            config,
+            runtime,
+            pubsub: PubSub::default(),
+            tasks: TaskTracker::new(),
+            clock,
+            arbiter,
+            members: RwLock::new(HashMap::new()),
+            peer_addr,
+            leader_term: Mutex::new(None),
+            modules: RwLock::new(HashMap::new()),
+            fences: Mutex::new(0),
+            observer: self.observer,
+        });
+        let peer_server = peer_listener.map(|listener| {
+            tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
+        });
+        let (ready_tx, mut ready_rx) = watch::channel(false);
+        let coordination = tokio::spawn(supervise(shared.clone(), ready_tx));
+        let ttl = shared.config.lease_ttl;
+        let _ = tokio::time::timeout(ttl, ready_rx.wait_for(|ready| *ready)).await;
+        tracing::info!(node = %shared.node_id, namespace = %shared.config.namespace, "node started");
+        Ok(Instance {
+            shared,
+            coordination,
+            peer_server,
+        })
+    }
+}
+
 /// One Fief node: start it, deploy modules, call keys, stop it.
 ///
 /// ```no_run
@@ -253,6 +499,7 @@ pub struct Status {
 pub struct Instance {
     shared: Arc<NodeShared>,
     coordination: tokio::task::JoinHandle<()>,
+    peer_server: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Instance {
@@ -263,47 +510,19 @@ impl Instance {
     ///
     /// [`Error::Config`] if the configuration cannot work.
     pub async fn start_embedded(config: NodeConfig) -> Result<Instance> {
-        let clock = TokioClock::new();
-        let arbiter = LocalArbiter::new(Arc::new(clock), config.partition_count());
-        Instance::start(config, Arc::new(arbiter)).await
+        Instance::builder(config).start().await
     }
 
-    /// Start a node against `arbiter`. Returns once the node holds a lease
-    /// and knows the table (or after one TTL, fenced-or-pending, if the
-    /// arbiter cannot be reached; the node keeps trying in the background).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] if the configuration cannot work.
-    pub async fn start(config: NodeConfig, arbiter: Arc<dyn Arbiter>) -> Result<Instance> {
-        config.validate()?;
-        let timing = config.lease_timing()?;
-        let runtime = Runtime::new(&config)?;
-        let shared = Arc::new(NodeShared {
-            node_id: NodeId::new(&config.node_id),
-            table: RwLock::new(OwnershipTable::new(config.partition_count())),
-            lease: Mutex::new(Lease::new(timing)),
+    /// A builder, to choose the arbiter, the clock and the peer listener.
+    pub fn builder(config: NodeConfig) -> InstanceBuilder {
+        InstanceBuilder {
             config,
-            runtime,
-            pubsub: PubSub::default(),
-            tasks: TaskTracker::new(),
-            clock: TokioClock::new(),
-            arbiter,
-            leader_term: Mutex::new(None),
-            modules: RwLock::new(HashMap::new()),
-            fences: Mutex::new(0),
-        });
-        let (ready_tx, mut ready_rx) = watch::channel(false);
-        let coordination = tokio::spawn(supervise(shared.clone(), ready_tx));
-        let ttl = shared.config.lease_ttl;
-        let _ = tokio::time::timeout(ttl, ready_rx.wait_for(|ready| *ready)).await;
-        tracing::info!(node = %shared.node_id, namespace = %shared.config.namespace, "node started");
-        Ok(Instance {
-            shared,
-            coordination,
-        })
+            arbiter: None,
+            clock: None,
+            peer_listener: None,
+            observer: None,
+        }
     }
-
     /// The node's configuration.
     pub fn config(&self) -> &NodeConfig {
         &self.shared.config
@@ -460,10 +679,41 @@ impl Instance {
         self.shared.fence("requested");
     }
 
+    /// Cut (or restore) this node's outgoing link to `peer` (fault injection
+    /// for tests: contract §5 row 3). Returns false if `peer` is not a known
+    /// live member with a peer address.
+    pub async fn set_peer_link(&self, peer: &str, up: bool) -> bool {
+        let Ok(addr) = self.shared.peer_addr_of(&NodeId::new(peer)) else {
+            return false;
+        };
+        self.shared.peers.set_link(&addr, up).await;
+        true
+    }
+
+    /// Stop the node abruptly, as if its process died: no key is stopped
+    /// gracefully, the lease is not released, peers are dropped. The
+    /// arbiter learns of it only when the lease expires. For failure tests
+    /// and chaos.
+    pub async fn crash(self) {
+        self.coordination.abort();
+        if let Some(server) = &self.peer_server {
+            server.abort();
+        }
+        for slot in self.shared.slots() {
+            slot.kill_where("the node crashed", |_| true);
+        }
+        self.shared.runtime.engine.increment_epoch();
+        self.shared.tasks.close();
+        self.shared.tasks.wait().await;
+    }
+
     /// Stop the node: stop every key gracefully (`terminate(shutdown)`),
     /// kill what does not stop within a second, release the lease.
     pub async fn shutdown(self) {
         self.coordination.abort();
+        if let Some(server) = &self.peer_server {
+            server.abort();
+        }
         let mut stops = Vec::new();
         for slot in self.shared.slots() {
             for key in slot.live_key_names() {
@@ -537,7 +787,7 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
                 (lease.next_renewal_at(), lease.fence_point())
             };
             let wake = fence_point.map_or(next_renewal, |f| f.min(next_renewal));
-            tokio::time::sleep_until(shared.clock.to_tokio(wake)).await;
+            shared.clock.sleep_until(wake).await;
             if shared.clock.now() < next_renewal {
                 continue;
             }
@@ -559,9 +809,12 @@ async fn join(shared: &NodeShared, ns: &str) -> LeaseId {
         let renewal = lock(&shared.lease).begin_renewal(shared.clock.now());
         let attempt = tokio::time::timeout(
             shared.config.renew_interval,
-            shared
-                .arbiter
-                .register(ns, &shared.node_id, shared.config.lease_ttl),
+            shared.arbiter.register(
+                ns,
+                &shared.node_id,
+                shared.config.lease_ttl,
+                shared.peer_addr.as_deref(),
+            ),
         )
         .await;
         match attempt {
@@ -575,7 +828,8 @@ async fn join(shared: &NodeShared, ns: &str) -> LeaseId {
                 tracing::warn!(node = %shared.node_id, "cannot join: the arbiter did not answer")
             }
         }
-        tokio::time::sleep(shared.config.renew_interval).await;
+        let retry_at = shared.clock.now() + shared.config.renew_interval;
+        shared.clock.sleep_until(retry_at).await;
     }
 }
 
@@ -599,17 +853,34 @@ async fn renew(
     answer
 }
 
+/// Wait for an arbiter answer at most `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    f: crate::arbiter::ArbiterFuture<'_, T>,
+) -> Result<T, ArbiterError> {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or_else(|_| Err(ArbiterError::Unreachable("no answer in time".to_owned())))
+}
+
 /// Lead if possible (give orphaned partitions to live nodes), then adopt the
-/// arbiter's table and kill keys of partitions this node lost.
+/// arbiter's table and kill keys of partitions this node lost. Every arbiter
+/// call is bounded by the renewal interval, so a hung arbiter cannot hold the
+/// loop past the next fence check.
 async fn sync_table(shared: &NodeShared, ns: &str, lease_id: LeaseId) {
     let arbiter = &shared.arbiter;
-    match arbiter.campaign(ns, &shared.node_id, lease_id).await {
+    let limit = shared.config.renew_interval;
+    match bounded(limit, arbiter.campaign(ns, &shared.node_id, lease_id)).await {
         Ok(Some(term)) => {
             *lock(&shared.leader_term) = Some(term);
-            if let (Ok(live), Ok(table)) = (arbiter.live_nodes(ns).await, arbiter.table(ns).await) {
+            if let (Ok(members), Ok(table)) = (
+                bounded(limit, arbiter.live_nodes(ns)).await,
+                bounded(limit, arbiter.table(ns)).await,
+            ) {
+                let live: Vec<NodeId> = members.iter().map(|m| m.node.clone()).collect();
                 let changes = orphan_assignment(&table, &live);
                 if !changes.is_empty()
-                    && let Err(e) = arbiter.write_table(ns, term, changes).await
+                    && let Err(e) = bounded(limit, arbiter.write_table(ns, term, changes)).await
                 {
                     tracing::warn!(node = %shared.node_id, error = %e, "table change refused");
                 }
@@ -618,7 +889,14 @@ async fn sync_table(shared: &NodeShared, ns: &str, lease_id: LeaseId) {
         Ok(None) => *lock(&shared.leader_term) = None,
         Err(e) => tracing::debug!(node = %shared.node_id, error = %e, "campaign failed"),
     }
-    if let Ok(newer) = arbiter.table(ns).await {
+    if let Ok(members) = bounded(limit, arbiter.live_nodes(ns)).await {
+        *shared
+            .members
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            members.into_iter().map(|m| (m.node, m.peer_addr)).collect();
+    }
+    if let Ok(newer) = bounded(limit, arbiter.table(ns)).await {
         let changed = shared
             .table
             .write()

@@ -29,6 +29,6 @@ pub mod time;
 
 pub use fence::{FenceBudget, OnFence};
 pub use lease::{Lease, LeaseStatus, LeaseTiming, TimingError};
-pub use ownership::{NodeId, OwnershipTable, OwnershipToken, Route, RouteRefusal};
+pub use ownership::{Assignment, NodeId, OwnershipTable, OwnershipToken, Route, RouteRefusal};
 pub use partition::{PartitionCount, PartitionId};
 pub use time::{Clock, Instant, ManualClock};

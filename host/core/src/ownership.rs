@@ -103,6 +103,34 @@ impl OwnershipTable {
         }
     }
 
+    /// A table from stored parts (an arbiter's rows).
+    ///
+    /// # Errors
+    ///
+    /// A message when `owners` does not have one entry per partition, or a
+    /// token is above the epoch.
+    pub fn from_parts(
+        partitions: PartitionCount,
+        epoch: u64,
+        owners: Vec<Option<Assignment>>,
+    ) -> Result<Self, String> {
+        if owners.len() != partitions.get() as usize {
+            return Err(format!(
+                "the table has {} partitions, expected {}",
+                owners.len(),
+                partitions.get()
+            ));
+        }
+        if owners.iter().flatten().any(|a| a.token.0 > epoch) {
+            return Err(format!("a token is above the table's epoch {epoch}"));
+        }
+        Ok(OwnershipTable {
+            epoch,
+            partitions,
+            owners,
+        })
+    }
+
     /// The table's epoch: bumped by every change.
     pub fn epoch(&self) -> u64 {
         self.epoch

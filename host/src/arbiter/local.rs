@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use fief_core::{Clock, Instant, NodeId, OwnershipTable, PartitionCount, PartitionId};
 
-use super::{Arbiter, ArbiterError, ArbiterFuture, LeaseId, Term};
+use super::{Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, Term};
 use crate::key::lock;
 
 struct LeaseRecord {
     id: LeaseId,
+    peer_addr: Option<String>,
     committed_at: Instant,
     ttl: Duration,
 }
@@ -126,8 +127,10 @@ impl Arbiter for LocalArbiter {
         namespace: &'a str,
         node: &'a NodeId,
         ttl: Duration,
+        peer_addr: Option<&'a str>,
     ) -> ArbiterFuture<'a, LeaseId> {
         let node2 = node.clone();
+        let peer_addr = peer_addr.map(str::to_owned);
         self.with(namespace, Some(node), move |state, now| {
             state.next_lease += 1;
             let id = LeaseId(state.next_lease);
@@ -141,6 +144,7 @@ impl Arbiter for LocalArbiter {
                 node2,
                 LeaseRecord {
                     id,
+                    peer_addr,
                     committed_at: now,
                     ttl,
                 },
@@ -184,13 +188,16 @@ impl Arbiter for LocalArbiter {
         })
     }
 
-    fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<NodeId>> {
+    fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
         self.with(namespace, None, move |state, now| {
             Ok(ns(state, namespace)
                 .leases
                 .iter()
                 .filter(|(_, r)| r.is_current(now))
-                .map(|(n, _)| n.clone())
+                .map(|(node, r)| Member {
+                    node: node.clone(),
+                    peer_addr: r.peer_addr.clone(),
+                })
                 .collect())
         })
     }

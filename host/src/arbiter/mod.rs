@@ -9,6 +9,7 @@
 //! instances can share one arbiter.
 
 mod local;
+mod postgres;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,6 +18,7 @@ use std::time::Duration;
 use fief_core::{NodeId, OwnershipTable, PartitionId};
 
 pub use local::LocalArbiter;
+pub use postgres::PostgresArbiter;
 
 /// A boxed future, so the trait stays object-safe.
 pub type ArbiterFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ArbiterError>> + Send + 'a>>;
@@ -28,6 +30,15 @@ pub struct LeaseId(pub u64);
 /// A leadership term; strictly increases with every change of leader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Term(pub u64);
+
+/// A live node as the arbiter knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The node's id.
+    pub node: NodeId,
+    /// Where its peers reach it (node-to-node transport), if it listens.
+    pub peer_addr: Option<String>,
+}
 
 /// Why the arbiter refused or could not answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -48,12 +59,14 @@ pub enum ArbiterError {
 
 /// The arbiter's three contracts. Every call is scoped to a namespace.
 pub trait Arbiter: Send + Sync + 'static {
-    /// Presence: register `node` with a fresh lease of `ttl`.
+    /// Presence: register `node` with a fresh lease of `ttl`, reachable by
+    /// its peers at `peer_addr`.
     fn register<'a>(
         &'a self,
         namespace: &'a str,
         node: &'a NodeId,
         ttl: Duration,
+        peer_addr: Option<&'a str>,
     ) -> ArbiterFuture<'a, LeaseId>;
 
     /// Presence: renew a lease. Fails with [`ArbiterError::LeaseExpired`] if
@@ -74,7 +87,7 @@ pub trait Arbiter: Send + Sync + 'static {
     ) -> ArbiterFuture<'a, ()>;
 
     /// Presence: the nodes whose leases are current, on the arbiter's clock.
-    fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<NodeId>>;
+    fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>>;
 
     /// Leadership: become (or stay) leader if there is no live leader.
     /// Returns the term if `node` leads.

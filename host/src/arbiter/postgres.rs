@@ -1,0 +1,453 @@
+//! The PostgreSQL arbiter: the production adapter.
+//!
+//! Leases, leadership and the partition table live in three tables created
+//! by an idempotent migration the node runs at start (serialized by an
+//! advisory lock, so nodes starting together do not race). Several
+//! namespaces share one database: every row is keyed by namespace.
+//!
+//! Time is the database's: a lease expires at `clock_timestamp() + ttl` as
+//! computed by the server when it commits the renewal, and every liveness
+//! judgment compares against the server's `clock_timestamp()`, never a
+//! node's clock (contract §2). A renewal statement runs after the node sent
+//! it, so the server's measure point is never earlier than the node's.
+//!
+//! Every write that depends on a read (campaign, table change) runs in one
+//! transaction holding the namespace row's lock (`SELECT … FOR UPDATE`), so
+//! two would-be leaders or two table writers are serialized by PostgreSQL.
+
+use std::time::Duration;
+
+use fief_core::{Assignment, NodeId, OwnershipTable, OwnershipToken, PartitionCount, PartitionId};
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls};
+
+use super::{Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, Term};
+
+/// The migration: idempotent, run by every node at start.
+const MIGRATION: &str = r#"
+CREATE TABLE IF NOT EXISTS fief_namespaces (
+    namespace    text PRIMARY KEY,
+    partitions   integer NOT NULL CHECK (partitions > 0),
+    epoch        bigint NOT NULL DEFAULT 0,
+    term         bigint NOT NULL DEFAULT 0,
+    leader_node  text,
+    leader_lease bigint
+);
+CREATE TABLE IF NOT EXISTS fief_leases (
+    namespace  text NOT NULL REFERENCES fief_namespaces (namespace),
+    node_id    text NOT NULL,
+    lease_id   bigint NOT NULL,
+    ttl_ms     bigint NOT NULL,
+    peer_addr  text,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (namespace, node_id)
+);
+CREATE TABLE IF NOT EXISTS fief_partitions (
+    namespace text NOT NULL REFERENCES fief_namespaces (namespace),
+    partition integer NOT NULL,
+    node_id   text,
+    token     bigint NOT NULL,
+    PRIMARY KEY (namespace, partition)
+);
+CREATE SEQUENCE IF NOT EXISTS fief_lease_ids;
+"#;
+
+/// Key of the advisory lock that serializes migrations.
+const MIGRATION_LOCK: i64 = 0x66_69_65_66; // "fief"
+
+/// How long connecting to the database may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The PostgreSQL arbiter.
+pub struct PostgresArbiter {
+    url: String,
+    partitions: PartitionCount,
+    client: Mutex<Option<Client>>,
+}
+
+fn unreachable(e: impl std::fmt::Display) -> ArbiterError {
+    ArbiterError::Unreachable(format!("PostgreSQL: {e}"))
+}
+
+/// A database error with the server's own message, which tokio-postgres's
+/// `Display` leaves out.
+fn db_error(e: &tokio_postgres::Error) -> ArbiterError {
+    match e.as_db_error() {
+        Some(db) => ArbiterError::Refused(format!(
+            "PostgreSQL: {}: {}",
+            db.code().code(),
+            db.message()
+        )),
+        None => unreachable(e),
+    }
+}
+
+impl PostgresArbiter {
+    /// Connect to `url` (`postgres://user@host:port/db`), run the migration,
+    /// and make sure the namespace exists with `partitions` partitions.
+    ///
+    /// # Errors
+    ///
+    /// [`ArbiterError::Unreachable`] when the database cannot be reached,
+    /// [`ArbiterError::Refused`] when the namespace already exists with
+    /// another partition count.
+    pub async fn connect(
+        url: &str,
+        namespace: &str,
+        partitions: PartitionCount,
+    ) -> Result<Self, ArbiterError> {
+        let arbiter = PostgresArbiter {
+            url: url.to_owned(),
+            partitions,
+            client: Mutex::new(None),
+        };
+        let mut guard = arbiter.client().await?;
+        let client = guard.as_mut().expect("connected");
+        let tx = client.transaction().await.map_err(unreachable)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(unreachable)?;
+        tx.batch_execute("SET LOCAL client_min_messages = warning")
+            .await
+            .map_err(unreachable)?;
+        tx.batch_execute(MIGRATION)
+            .await
+            .map_err(|e| db_error(&e))?;
+        tx.execute(
+            "INSERT INTO fief_namespaces (namespace, partitions) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[&namespace, &(partitions.get() as i32)],
+        )
+        .await
+        .map_err(unreachable)?;
+        let stored: i32 = tx
+            .query_one(
+                "SELECT partitions FROM fief_namespaces WHERE namespace = $1",
+                &[&namespace],
+            )
+            .await
+            .map_err(unreachable)?
+            .get(0);
+        tx.commit().await.map_err(unreachable)?;
+        if stored as u32 != partitions.get() {
+            return Err(ArbiterError::Refused(format!(
+                "namespace {namespace:?} has {stored} partitions in the database, but this node is configured with {}; partitions are fixed per namespace",
+                partitions.get()
+            )));
+        }
+        drop(guard);
+        Ok(arbiter)
+    }
+
+    /// The connection, reconnecting if the last one broke.
+    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, ArbiterError> {
+        let mut guard = self.client.lock().await;
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            let mut config: tokio_postgres::Config = self.url.parse().map_err(|e| {
+                ArbiterError::Refused(format!(
+                    "the arbiter URL {:?} is not a PostgreSQL URL: {e}",
+                    self.url
+                ))
+            })?;
+            config.connect_timeout(CONNECT_TIMEOUT);
+            let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+                .await
+                .map_err(|_| unreachable("connecting timed out"))?
+                .map_err(unreachable)?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %e, "the PostgreSQL connection closed");
+                }
+            });
+            *guard = Some(client);
+        }
+        Ok(guard)
+    }
+
+    /// Run `f` with a connected client; a failure drops the connection so
+    /// the next call reconnects.
+    async fn with<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, ArbiterError> {
+        let mut guard = self.client().await?;
+        let client = guard.as_mut().expect("connected");
+        match f(client).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if client.is_closed() || e.as_db_error().is_none() {
+                    *guard = None;
+                }
+                Err(db_error(&e))
+            }
+        }
+    }
+
+    async fn read_table(
+        client: &mut Client,
+        namespace: &str,
+        partitions: PartitionCount,
+    ) -> Result<Result<OwnershipTable, String>, tokio_postgres::Error> {
+        let epoch: i64 = client
+            .query_one(
+                "SELECT epoch FROM fief_namespaces WHERE namespace = $1",
+                &[&namespace],
+            )
+            .await?
+            .get(0);
+        let rows = client
+            .query(
+                "SELECT partition, node_id, token FROM fief_partitions WHERE namespace = $1",
+                &[&namespace],
+            )
+            .await?;
+        let mut owners = vec![None; partitions.get() as usize];
+        for row in rows {
+            let partition: i32 = row.get(0);
+            let node: Option<String> = row.get(1);
+            let token: i64 = row.get(2);
+            if let (Some(slot), Some(node)) = (owners.get_mut(partition as usize), node) {
+                *slot = Some(Assignment {
+                    node: NodeId::new(node),
+                    token: OwnershipToken(token as u64),
+                });
+            }
+        }
+        Ok(OwnershipTable::from_parts(partitions, epoch as u64, owners))
+    }
+}
+
+impl Arbiter for PostgresArbiter {
+    fn register<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        ttl: Duration,
+        peer_addr: Option<&'a str>,
+    ) -> ArbiterFuture<'a, LeaseId> {
+        Box::pin(async move {
+            let ttl_ms = ttl.as_millis() as i64;
+            let row = self
+                .with(async |c| {
+                    c.query_opt(
+                        "INSERT INTO fief_leases (namespace, node_id, lease_id, ttl_ms, peer_addr, expires_at)
+                         VALUES ($1, $2, nextval('fief_lease_ids'), $3::bigint, $4, clock_timestamp() + $3::bigint * interval '1 millisecond')
+                         ON CONFLICT (namespace, node_id) DO UPDATE
+                            SET lease_id = EXCLUDED.lease_id, ttl_ms = EXCLUDED.ttl_ms,
+                                peer_addr = EXCLUDED.peer_addr, expires_at = EXCLUDED.expires_at
+                            WHERE fief_leases.expires_at <= clock_timestamp()
+                         RETURNING lease_id",
+                        &[&namespace, &node.as_str(), &ttl_ms, &peer_addr],
+                    )
+                    .await
+                })
+                .await?;
+            match row {
+                Some(row) => Ok(LeaseId(row.get::<_, i64>(0) as u64)),
+                None => Err(ArbiterError::Refused(format!(
+                    "node {node} already holds a current lease; a node id must be unique in its namespace"
+                ))),
+            }
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        Box::pin(async move {
+            let updated = self
+                .with(async |c| {
+                    c.execute(
+                        "UPDATE fief_leases SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
+                         WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()",
+                        &[&namespace, &node.as_str(), &(lease.0 as i64)],
+                    )
+                    .await
+                })
+                .await?;
+            if updated == 1 {
+                Ok(())
+            } else {
+                Err(ArbiterError::LeaseExpired(lease))
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        Box::pin(async move {
+            self.with(async |c| {
+                c.execute(
+                    "UPDATE fief_leases SET expires_at = clock_timestamp()
+                     WHERE namespace = $1 AND node_id = $2 AND lease_id = $3",
+                    &[&namespace, &node.as_str(), &(lease.0 as i64)],
+                )
+                .await
+            })
+            .await
+            .map(|_| ())
+        })
+    }
+
+    fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
+        Box::pin(async move {
+            let rows = self
+                .with(async |c| {
+                    c.query(
+                        "SELECT node_id, peer_addr FROM fief_leases
+                         WHERE namespace = $1 AND expires_at > clock_timestamp() ORDER BY node_id",
+                        &[&namespace],
+                    )
+                    .await
+                })
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| Member {
+                    node: NodeId::new(r.get::<_, String>(0)),
+                    peer_addr: r.get(1),
+                })
+                .collect())
+        })
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, Option<Term>> {
+        Box::pin(async move {
+            self
+                .with(async |c| {
+                    let tx = c.transaction().await?;
+                    let row = tx
+                        .query_one(
+                            "SELECT n.term, n.leader_node, n.leader_lease,
+                                    EXISTS (SELECT 1 FROM fief_leases l WHERE l.namespace = n.namespace
+                                            AND l.node_id = n.leader_node AND l.lease_id = n.leader_lease
+                                            AND l.expires_at > clock_timestamp()) AS leader_alive,
+                                    EXISTS (SELECT 1 FROM fief_leases l WHERE l.namespace = n.namespace
+                                            AND l.node_id = $2 AND l.lease_id = $3
+                                            AND l.expires_at > clock_timestamp()) AS me_alive
+                             FROM fief_namespaces n WHERE n.namespace = $1 FOR UPDATE",
+                            &[&namespace, &node.as_str(), &(lease.0 as i64)],
+                        )
+                        .await?;
+                    let term: i64 = row.get(0);
+                    let leader: Option<String> = row.get(1);
+                    let leader_lease: Option<i64> = row.get(2);
+                    let leader_alive: bool = row.get(3);
+                    let me_alive: bool = row.get(4);
+                    let outcome = if !me_alive {
+                        Err(ArbiterError::LeaseExpired(lease))
+                    } else if leader_alive {
+                        let me = leader.as_deref() == Some(node.as_str()) && leader_lease == Some(lease.0 as i64);
+                        Ok(me.then_some(Term(term as u64)))
+                    } else {
+                        tx.execute(
+                            "UPDATE fief_namespaces SET term = term + 1, leader_node = $2, leader_lease = $3 WHERE namespace = $1",
+                            &[&namespace, &node.as_str(), &(lease.0 as i64)],
+                        )
+                        .await?;
+                        Ok(Some(Term(term as u64 + 1)))
+                    };
+                    tx.commit().await?;
+                    Ok(outcome)
+                })
+                .await?
+        })
+    }
+
+    fn table<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, OwnershipTable> {
+        Box::pin(async move {
+            let partitions = self.partitions;
+            self.with(async |c| Self::read_table(c, namespace, partitions).await)
+                .await?
+                .map_err(ArbiterError::Refused)
+        })
+    }
+
+    fn write_table<'a>(
+        &'a self,
+        namespace: &'a str,
+        term: Term,
+        changes: Vec<(PartitionId, Option<NodeId>)>,
+    ) -> ArbiterFuture<'a, OwnershipTable> {
+        Box::pin(async move {
+            let partitions = self.partitions;
+            let outcome = self
+                .with(async |c| {
+                    let tx = c.transaction().await?;
+                    let row = tx
+                        .query_one(
+                            "SELECT n.term, n.epoch,
+                                    EXISTS (SELECT 1 FROM fief_leases l WHERE l.namespace = n.namespace
+                                            AND l.node_id = n.leader_node AND l.lease_id = n.leader_lease
+                                            AND l.expires_at > clock_timestamp())
+                             FROM fief_namespaces n WHERE n.namespace = $1 FOR UPDATE",
+                            &[&namespace],
+                        )
+                        .await?;
+                    let (current_term, epoch, leader_alive): (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
+                    if current_term as u64 != term.0 || !leader_alive {
+                        return Ok(Err(ArbiterError::NotLeader(Some(Term(current_term as u64)))));
+                    }
+                    // A partition moves only once its owner's lease has expired.
+                    let wanted: Vec<i32> = changes.iter().map(|(p, _)| p.0 as i32).collect();
+                    let held = tx
+                        .query(
+                            "SELECT p.partition, p.node_id FROM fief_partitions p
+                             JOIN fief_leases l ON l.namespace = p.namespace AND l.node_id = p.node_id
+                             WHERE p.namespace = $1 AND p.partition = ANY($2) AND l.expires_at > clock_timestamp()",
+                            &[&namespace, &wanted],
+                        )
+                        .await?;
+                    let mut held_by = std::collections::HashMap::new();
+                    for r in &held {
+                        held_by.insert(r.get::<_, i32>(0), r.get::<_, String>(1));
+                    }
+                    let next = epoch + 1;
+                    let mut changed = false;
+                    for (partition, node) in &changes {
+                        let owner = held_by.get(&(partition.0 as i32));
+                        if owner.is_some_and(|o| Some(o.as_str()) != node.as_ref().map(NodeId::as_str)) {
+                            return Ok(Err(ArbiterError::Refused(format!(
+                                "partition {partition} is owned by {} whose lease is still current",
+                                owner.map(String::as_str).unwrap_or("?")
+                            ))));
+                        }
+                        if owner.is_some() {
+                            continue;
+                        }
+                        let n = tx
+                            .execute(
+                                "INSERT INTO fief_partitions (namespace, partition, node_id, token) VALUES ($1, $2, $3, $4)
+                                 ON CONFLICT (namespace, partition) DO UPDATE SET node_id = EXCLUDED.node_id, token = EXCLUDED.token
+                                 WHERE fief_partitions.node_id IS DISTINCT FROM EXCLUDED.node_id",
+                                &[&namespace, &(partition.0 as i32), &node.as_ref().map(NodeId::as_str), &next],
+                            )
+                            .await?;
+                        changed |= n > 0;
+                    }
+                    if changed {
+                        tx.execute("UPDATE fief_namespaces SET epoch = $2 WHERE namespace = $1", &[&namespace, &next])
+                            .await?;
+                    }
+                    tx.commit().await?;
+                    Ok(Ok(()))
+                })
+                .await?;
+            outcome?;
+            self.with(async |c| Self::read_table(c, namespace, partitions).await)
+                .await?
+                .map_err(ArbiterError::Refused)
+        })
+    }
+}

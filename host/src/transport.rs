@@ -1,0 +1,352 @@
+//! The node-to-node transport: key messages forwarded to their owner over TCP.
+//!
+//! Frames are length-delimited ([`LengthDelimitedCodec`]) and serialized with
+//! `postcard` (serde); no byte is parsed by hand. One connection per peer,
+//! opened lazily and reopened after a failure; requests on it are
+//! multiplexed by id, each answered by one response. Queues are bounded: a
+//! connection's outgoing queue holds [`OUTGOING_QUEUE`] frames, and a frame is
+//! at most the node's `max_message_size` plus [`FRAME_OVERHEAD`].
+//!
+//! The transport decides nothing about ownership: the receiving node routes
+//! every request again against its own lease and table (guarantee 2: the
+//! owner re-checks before processing), so a stale sender gets an error, never
+//! a second owner.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+use crate::error::{Error, Result};
+use crate::key::lock;
+use crate::node::NodeShared;
+
+/// Room for everything in a frame besides the message itself.
+pub const FRAME_OVERHEAD: usize = 8 * 1024;
+/// Frames that may wait to be written on one connection.
+pub const OUTGOING_QUEUE: usize = 1024;
+/// How long connecting to a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What one node asks another.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum PeerRequest {
+    /// The first frame on a connection: who is calling, for which namespace.
+    Hello { namespace: String, node: String },
+    /// Call a key; the response carries its reply.
+    Call {
+        module: String,
+        key: String,
+        message: Vec<u8>,
+        timeout_ms: u64,
+    },
+    /// Cast to a key.
+    Cast {
+        module: String,
+        key: String,
+        message: Vec<u8>,
+    },
+}
+
+/// An error as it crosses the wire.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct WireError {
+    code: String,
+    message: String,
+}
+
+impl From<&Error> for WireError {
+    fn from(e: &Error) -> Self {
+        let message = match e {
+            Error::Rejected(why) => why.clone(),
+            other => other.to_string(),
+        };
+        WireError {
+            code: e.code().to_owned(),
+            message,
+        }
+    }
+}
+
+impl WireError {
+    fn into_error(self, peer: &str) -> Error {
+        match self.code.as_str() {
+            "rejected" => Error::Rejected(self.message),
+            "unknown_module" => Error::Remote {
+                code: "unknown_module".to_owned(),
+                status: 404,
+                message: self.message,
+            },
+            code => Error::Remote {
+                status: code_status(code),
+                code: code.to_owned(),
+                message: format!("{} (from the owner, node {peer})", self.message),
+            },
+        }
+    }
+}
+
+fn code_status(code: &str) -> u16 {
+    match code {
+        "invalid_key" | "invalid_module_name" => 400,
+        "message_too_large" => 413,
+        "init_refused" => 422,
+        "overloaded" | "too_many_keys" => 429,
+        "key_died" | "internal" => 500,
+        "timeout" => 504,
+        _ => 503,
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Frame {
+    Request {
+        id: u64,
+        body: PeerRequest,
+    },
+    Response {
+        id: u64,
+        body: std::result::Result<Vec<u8>, WireError>,
+    },
+}
+
+fn codec(max_message: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .max_frame_length(max_message + FRAME_OVERHEAD)
+        .new_codec()
+}
+
+fn encode(frame: &Frame) -> Result<Bytes> {
+    postcard::to_stdvec(frame)
+        .map(Bytes::from)
+        .map_err(|e| Error::Internal(format!("encoding a peer frame: {e}")))
+}
+
+/// Accept peer connections on `listener` and serve their requests.
+pub(crate) async fn serve(node: Weak<NodeShared>, listener: TcpListener) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let Some(shared) = node.upgrade() else { return };
+        let max = shared.config.max_message_size.as_u64() as usize;
+        drop(shared);
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_connection(
+            node.clone(),
+            Framed::new(stream, codec(max)),
+            peer,
+        ));
+    }
+}
+
+async fn serve_connection(
+    node: Weak<NodeShared>,
+    framed: Framed<TcpStream, LengthDelimitedCodec>,
+    peer: SocketAddr,
+) {
+    let (mut sink, mut stream) = framed.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = out_rx.recv().await {
+            let Ok(bytes) = encode(&frame) else { continue };
+            if sink.send(bytes).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut greeted = false;
+    while let Some(Ok(bytes)) = stream.next().await {
+        let Ok(Frame::Request { id, body }) = postcard::from_bytes::<Frame>(&bytes) else {
+            tracing::warn!(%peer, "dropping a peer connection: undecodable frame");
+            break;
+        };
+        let Some(shared) = node.upgrade() else { break };
+        match body {
+            PeerRequest::Hello {
+                namespace,
+                node: from,
+            } => {
+                if namespace != shared.config.namespace {
+                    tracing::warn!(%peer, %from, %namespace, "refusing a peer of another namespace");
+                    break;
+                }
+                greeted = true;
+            }
+            _ if !greeted => {
+                tracing::warn!(%peer, "dropping a peer connection that did not say hello");
+                break;
+            }
+            request => {
+                let out = out_tx.clone();
+                tokio::spawn(async move {
+                    let result = shared.serve_peer_request(request).await;
+                    let body = result.map_err(|e| WireError::from(&e));
+                    let _ = out.send(Frame::Response { id, body }).await;
+                });
+            }
+        }
+    }
+    drop(out_tx);
+    let _ = writer.await;
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<std::result::Result<Vec<u8>, WireError>>>>>;
+
+/// One open connection to a peer.
+struct PeerConn {
+    out: mpsc::Sender<Frame>,
+    pending: Pending,
+    next_id: AtomicU64,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PeerConn {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst) || self.out.is_closed()
+    }
+}
+
+/// Mark a connection dead and fail everything waiting on it: dropping the
+/// waiters' senders wakes them with an error at once.
+fn close(closed: &std::sync::atomic::AtomicBool, pending: &Pending) {
+    closed.store(true, Ordering::SeqCst);
+    lock(pending).clear();
+}
+
+/// Connections to the peers of one node.
+pub(crate) struct PeerPool {
+    namespace: String,
+    me: String,
+    max_message: usize,
+    conns: tokio::sync::Mutex<HashMap<String, Arc<PeerConn>>>,
+    /// Peer addresses this node is cut off from (fault injection).
+    cut: Mutex<std::collections::HashSet<String>>,
+}
+
+impl PeerPool {
+    pub(crate) fn new(namespace: &str, me: &str, max_message: usize) -> Self {
+        PeerPool {
+            namespace: namespace.to_owned(),
+            me: me.to_owned(),
+            max_message,
+            conns: tokio::sync::Mutex::new(HashMap::new()),
+            cut: Mutex::default(),
+        }
+    }
+
+    /// Cut (or restore) this node's link to the peer at `addr`: while cut,
+    /// every request to it fails as if the network dropped it.
+    pub(crate) async fn set_link(&self, addr: &str, up: bool) {
+        if up {
+            lock(&self.cut).remove(addr);
+        } else {
+            lock(&self.cut).insert(addr.to_owned());
+            if let Some(conn) = self.conns.lock().await.remove(addr) {
+                lock(&conn.pending).clear();
+            }
+        }
+    }
+
+    async fn connection(&self, addr: &str) -> Result<Arc<PeerConn>> {
+        let mut conns = self.conns.lock().await;
+        if let Some(conn) = conns.get(addr)
+            && !conn.is_closed()
+        {
+            return Ok(conn.clone());
+        }
+        let unreachable = |why: String| Error::OwnerUnreachable {
+            owner: addr.to_owned(),
+            why,
+        };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| unreachable("connecting timed out".to_owned()))?
+            .map_err(|e| unreachable(format!("cannot connect: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        let (mut sink, mut stream) = Framed::new(stream, codec(self.max_message)).split();
+        let (out, mut out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
+        let pending: Pending = Arc::default();
+        // The hello goes first.
+        out.try_send(Frame::Request {
+            id: 0,
+            body: PeerRequest::Hello {
+                namespace: self.namespace.clone(),
+                node: self.me.clone(),
+            },
+        })
+        .map_err(|_| Error::Internal("a new peer queue is full".to_owned()))?;
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (writer_closed, writer_pending) = (closed.clone(), pending.clone());
+        tokio::spawn(async move {
+            while let Some(frame) = out_rx.recv().await {
+                let Ok(bytes) = encode(&frame) else { continue };
+                if sink.send(bytes).await.is_err() {
+                    break;
+                }
+            }
+            close(&writer_closed, &writer_pending);
+        });
+        let (reader_closed, reader_pending) = (closed.clone(), pending.clone());
+        tokio::spawn(async move {
+            while let Some(Ok(bytes)) = stream.next().await {
+                if let Ok(Frame::Response { id, body }) = postcard::from_bytes::<Frame>(&bytes)
+                    && let Some(waiter) = lock(&reader_pending).remove(&id)
+                {
+                    let _ = waiter.send(body);
+                }
+            }
+            // The connection is gone: fail everything still waiting, and
+            // make the pool reconnect next time.
+            close(&reader_closed, &reader_pending);
+        });
+        let conn = Arc::new(PeerConn {
+            out,
+            pending,
+            next_id: AtomicU64::new(1),
+            closed,
+        });
+        conns.insert(addr.to_owned(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Send `request` to the peer at `addr` and wait for its answer.
+    pub(crate) async fn request(
+        &self,
+        addr: &str,
+        request: PeerRequest,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let conn = self.connection(addr).await?;
+        let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&conn.pending).insert(id, tx);
+        let frame = Frame::Request { id, body: request };
+        if conn.is_closed() || conn.out.try_send(frame).is_err() {
+            lock(&conn.pending).remove(&id);
+            return Err(Error::OwnerUnreachable {
+                owner: addr.to_owned(),
+                why: "the connection's queue is full or closed".to_owned(),
+            });
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Err(_) => {
+                lock(&conn.pending).remove(&id);
+                Err(Error::Timeout(timeout))
+            }
+            Ok(Err(_)) => Err(Error::OwnerUnreachable {
+                owner: addr.to_owned(),
+                why: "the connection closed before the answer arrived".to_owned(),
+            }),
+            Ok(Ok(answer)) => answer.map_err(|e| e.into_error(addr)),
+        }
+    }
+}
