@@ -8,6 +8,7 @@
 //! | `DELETE /v1/keys/{module}/{key}` | kill a key's process |
 //! | `GET /v1/keys` | live keys |
 //! | `GET /v1/status` | the node's [`Status`](crate::Status) |
+//! | `POST /v1/leave` | leave the cluster gracefully, then stop |
 //!
 //! Every error is JSON `{"error":{"code":"…","message":"…"}}` with the status
 //! of [`Error::http_status`]. Bodies are read with a limit (the node's
@@ -48,6 +49,7 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route("/v1/keys/{module}/{key}", axum::routing::delete(kill))
         .route("/v1/keys", get(keys))
         .route("/v1/status", get(status))
+        .route("/v1/leave", post(leave))
         .fallback(
             |uri: axum::http::Uri| async move { Error::NoSuchEndpoint(uri.path().to_owned()) },
         )
@@ -152,6 +154,15 @@ async fn kill(
 async fn keys(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
     axum::Json(instance.keys())
 }
+
+async fn leave(State(instance): State<Arc<Instance>>) -> Result<impl IntoResponse, Error> {
+    instance.leave(LEAVE_TIMEOUT).await?;
+    instance.request_stop();
+    Ok(axum::Json(json!({"left": true})))
+}
+
+/// How long `POST /v1/leave` waits for every partition to move.
+const LEAVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn status(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
     axum::Json(instance.status())

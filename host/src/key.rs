@@ -526,8 +526,16 @@ impl ModuleSlot {
             },
         );
         drop(keys);
-        node.tasks
-            .spawn(run_key(node.clone(), self.clone(), module, env, rx, None));
+        // A key that arrived by graceful handoff starts from its state.
+        let handoff = node.take_handoff(&self.name, key);
+        node.tasks.spawn(run_key(
+            node.clone(),
+            self.clone(),
+            module,
+            env,
+            rx,
+            handoff,
+        ));
         Ok(())
     }
 

@@ -34,6 +34,8 @@ enum Command {
     Cast(KeyArgs),
     /// Show a node's status.
     Status(StatusArgs),
+    /// Make a node leave its cluster gracefully (its keys hand off), then stop.
+    Leave(NodeUrl),
 }
 
 #[derive(Args)]
@@ -108,6 +110,13 @@ struct KeyArgs {
 }
 
 #[derive(Args)]
+struct NodeUrl {
+    /// The node's HTTP address.
+    #[arg(long, env = "FIEF_NODE", default_value = "http://127.0.0.1:7070")]
+    node: String,
+}
+
+#[derive(Args)]
 struct StatusArgs {
     /// Print the status as JSON.
     #[arg(long)]
@@ -148,6 +157,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Call(args) => call(args, "call").await,
         Command::Cast(args) => call(args, "cast").await,
         Command::Status(args) => status(args).await,
+        Command::Leave(args) => leave(args).await,
     }
 }
 
@@ -189,19 +199,16 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
         .with_context(|| {
             format!("cannot listen on {listen} (is another node running there? pass --listen)")
         })?;
-    let instance = Arc::new(Instance::start_embedded(config).await?);
+    let mut builder = Instance::builder(config);
     for spec in &args.deploy {
         let Some((name, path)) = spec.split_once('=') else {
             bail!("--deploy {spec:?}: expected NAME=PATH.wasm");
         };
         let wasm = std::fs::read(path).with_context(|| format!("reading {path}"))?;
-        let info = instance
-            .deploy(name, &wasm, ModuleOptions::default())
-            .await
-            .with_context(|| format!("deploying {path} as {name}"))?;
-        tracing::info!(module = %info.name, version = info.version, "deployed at start");
-        println!("deployed module {name} from {path}");
+        builder = builder.module(name, wasm, ModuleOptions::default());
+        println!("deploying module {name} from {path}");
     }
+    let instance = Arc::new(builder.start().await?);
     println!(
         "fief node {} listening on http://{listen}",
         instance.status().node_id
@@ -217,8 +224,20 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|_| "fief".to_owned());
         println!("try: {exe} call {name} alice incr");
     }
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    let stop = instance.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {
+                // A graceful shutdown leaves the cluster first, so keys hand
+                // off instead of waiting for the lease to expire.
+                if stop.has_peers()
+                    && let Err(e) = stop.leave(Duration::from_secs(60)).await
+                {
+                    tracing::warn!(error = %e, "leaving before shutdown failed");
+                }
+            }
+            () = stop.stop_requested() => {}
+        }
     };
     fief::http::serve(instance.clone(), listener, shutdown).await?;
     match Arc::try_unwrap(instance) {
@@ -302,6 +321,20 @@ async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
         let reply = response.bytes().await?;
         println!("{}", String::from_utf8_lossy(&reply));
     }
+    Ok(())
+}
+
+async fn leave(args: NodeUrl) -> anyhow::Result<()> {
+    let url = format!("{}/v1/leave", args.node.trim_end_matches('/'));
+    let response = client()
+        .post(&url)
+        .send()
+        .await
+        .map_err(connect_error(&args.node))?;
+    if !response.status().is_success() {
+        return Err(api_error(response).await);
+    }
+    println!("the node left the cluster and is stopping");
     Ok(())
 }
 

@@ -13,12 +13,14 @@
 //! coordination loop at the fence point (kills every key), by routing (refuses
 //! every message), and by the side-effect gate in every host import.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use fief_core::assignment::orphan_assignment;
-use fief_core::{Lease, LeaseStatus, NodeId, OnFence, OwnershipTable, Route, RouteRefusal};
+use fief_core::assignment::{orphan_assignment, rebalance_moves};
+use fief_core::{
+    Lease, LeaseStatus, NodeId, OnFence, OwnershipTable, PartitionId, Route, RouteRefusal,
+};
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
@@ -32,7 +34,7 @@ use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, lock};
 use crate::module::compile;
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
-use crate::transport::{PeerPool, PeerRequest};
+use crate::transport::{HandoffEntry, PeerPool, PeerRequest};
 
 /// State shared by the instance, its coordination loop and its key processes.
 pub(crate) struct NodeShared {
@@ -53,6 +55,22 @@ pub(crate) struct NodeShared {
     modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
     fences: Mutex<u64>,
     observer: Option<KeyLifeObserver>,
+    /// The current lease's id at the arbiter, once joined.
+    lease_id: Mutex<Option<LeaseId>>,
+    /// Partitions being handed off: owned, but not served.
+    draining: Mutex<BTreeSet<PartitionId>>,
+    /// Handoff states received for keys this node may soon own, with when
+    /// they arrived; unclaimed ones are dropped after two lease TTLs.
+    pending_handoff: Mutex<HashMap<(String, String), (Vec<u8>, std::time::Instant)>>,
+    /// Serializes graceful moves out of this node.
+    moving: tokio::sync::Mutex<()>,
+    /// Set by `leave`: the node hands off everything and takes nothing.
+    pub(crate) leaving: std::sync::atomic::AtomicBool,
+    /// Wakes the coordination loop to refresh the table now.
+    sync_now: tokio::sync::Notify,
+    /// Set when someone asked the node's host program to stop (after a
+    /// leave through the API).
+    stop_requested: watch::Sender<bool>,
 }
 
 /// Receives every key process's start and end (see [`KeyLife`]).
@@ -116,9 +134,173 @@ impl NodeShared {
         Ok(())
     }
 
-    /// Decide where a message for `key` goes, as of now.
+    /// Validate, compile and install a module (see [`Instance::deploy`]).
+    async fn deploy(
+        self: &Arc<Self>,
+        name: &str,
+        wasm: &[u8],
+        options: ModuleOptions,
+    ) -> Result<ModuleInfo> {
+        validate_module_name(name)?;
+        options.validate_for(&self.config, &self.config.lease_timing()?)?;
+        if options.on_fence != OnFence::Terminate {
+            return Err(Error::InvalidOptions(format!(
+                "on_fence = {} is not available yet: survivors need limbo, which this build does not have; deploy with on_fence = terminate",
+                options.on_fence
+            )));
+        }
+        let existing = self.module(name).ok();
+        let version = existing
+            .as_ref()
+            .map_or(1, |slot| slot.current().version + 1);
+        let shared = self.clone();
+        let wasm = wasm.to_vec();
+        let compiled =
+            tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
+                .await
+                .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
+        tracing::info!(
+            module = name,
+            version,
+            bytes = compiled.size_bytes,
+            compile_ms = compiled.compile_time.as_millis(),
+            "module deployed"
+        );
+        match existing {
+            Some(slot) => slot.replace(compiled),
+            None => {
+                let slot = Arc::new(ModuleSlot::new(name, compiled));
+                self.modules
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(name.to_owned(), slot);
+            }
+        }
+        Ok(module_info(&*self.module(name)?))
+    }
+
+    /// Decide where a message for `key` goes, as of now. A partition being
+    /// handed off is not served by anyone until the move completes.
     fn route(&self, key: &str) -> Route {
-        self.table().route(&self.node_id, self.lease_status(), key)
+        let route = self.table().route(&self.node_id, self.lease_status(), key);
+        match route {
+            Route::Local { partition, .. } if lock(&self.draining).contains(&partition) => {
+                Route::Refuse(RouteRefusal::Unowned(partition))
+            }
+            route => route,
+        }
+    }
+
+    /// Take the handoff state waiting for a key, if any (and fresh).
+    pub(crate) fn take_handoff(&self, module: &str, key: &str) -> Option<Vec<u8>> {
+        let mut pending = lock(&self.pending_handoff);
+        let max_age = self.config.lease_ttl * 2;
+        pending.retain(|_, (_, at)| at.elapsed() < max_age);
+        pending
+            .remove(&(module.to_owned(), key.to_owned()))
+            .map(|(state, _)| state)
+    }
+
+    /// Stop every live key of `partitions` with `handoff`, collecting their
+    /// states. Repeats until none is live (a message routed just before the
+    /// partitions started draining may have activated one).
+    async fn stop_for_handoff(&self, partitions: &BTreeSet<PartitionId>) -> Vec<HandoffEntry> {
+        let mut entries = Vec::new();
+        for _round in 0..10 {
+            let mut stops = Vec::new();
+            for slot in self.slots() {
+                for live in slot.list() {
+                    if partitions.contains(&PartitionId(live.partition))
+                        && let Some(rx) = slot.stop(&live.key, StopReason::Handoff)
+                    {
+                        stops.push((live.module, live.key, rx));
+                    }
+                }
+            }
+            if stops.is_empty() {
+                break;
+            }
+            for (module, key, rx) in stops {
+                match rx.await {
+                    Ok(Ok(Some(state))) => entries.push(HandoffEntry { module, key, state }),
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(%module, %key, error = %e, "key died during handoff; its state is lost")
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        entries
+    }
+
+    /// Graceful move out: hand `moves` (partitions this node owns) to their
+    /// targets. Per target: stop routing the partitions, stop their keys with
+    /// `handoff`, send the states to the target, then give the partitions
+    /// away at the arbiter. If a step fails the partitions stay here and the
+    /// states are kept for the keys' next activation.
+    pub(crate) async fn move_out(
+        self: &Arc<Self>,
+        moves: Vec<(PartitionId, NodeId)>,
+    ) -> Result<()> {
+        let _one_at_a_time = self.moving.lock().await;
+        let lease = (*lock(&self.lease_id)).ok_or(Error::Fenced)?;
+        let mut by_target: BTreeMap<NodeId, BTreeSet<PartitionId>> = BTreeMap::new();
+        {
+            let table = self.table();
+            for (partition, to) in moves {
+                let mine = table
+                    .owner(partition)
+                    .is_some_and(|a| a.node == self.node_id);
+                if mine && to != self.node_id {
+                    by_target.entry(to).or_default().insert(partition);
+                }
+            }
+        }
+        let ns = &self.config.namespace;
+        let limit = self.config.call_timeout;
+        for (to, partitions) in by_target {
+            let addr = self.peer_addr_of(&to)?;
+            lock(&self.draining).extend(partitions.iter().copied());
+            let entries = self.stop_for_handoff(&partitions).await;
+            let handed = async {
+                let request = PeerRequest::Handoff {
+                    entries: entries.clone(),
+                };
+                self.peers.request(&addr, request, limit).await?;
+                let changes = partitions.iter().map(|p| (*p, to.clone())).collect();
+                bounded(
+                    limit,
+                    self.arbiter.transfer(ns, &self.node_id, lease, changes),
+                )
+                .await
+                .map_err(|e| Error::Internal(format!("the arbiter refused the handoff: {e}")))
+            }
+            .await;
+            match handed {
+                Ok(table) => {
+                    self.table
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .update_from(&table);
+                    tracing::info!(node = %self.node_id, to = %to, partitions = partitions.len(), keys = entries.len(), "partitions handed off");
+                    let _ = self.peers.request(&addr, PeerRequest::Nudge, limit).await;
+                }
+                Err(e) => {
+                    tracing::warn!(node = %self.node_id, to = %to, error = %e, "handoff failed; keeping the partitions");
+                    let now = std::time::Instant::now();
+                    let mut pending = lock(&self.pending_handoff);
+                    for entry in entries {
+                        pending.insert((entry.module, entry.key), (entry.state, now));
+                    }
+                }
+            }
+            let mut draining = lock(&self.draining);
+            for p in &partitions {
+                draining.remove(p);
+            }
+        }
+        Ok(())
     }
 
     /// Where the peers of `owner` reach it.
@@ -248,6 +430,31 @@ impl NodeShared {
                 self.deliver_local(&module, &key, Envelope::Cast { message })
                     .map(|()| Vec::new())
             }
+            PeerRequest::Handoff { entries } => {
+                let now = std::time::Instant::now();
+                let mut pending = lock(&self.pending_handoff);
+                for entry in entries {
+                    pending.insert((entry.module, entry.key), (entry.state, now));
+                }
+                Ok(Vec::new())
+            }
+            PeerRequest::Move { moves } => {
+                let moves = moves
+                    .into_iter()
+                    .map(|(p, to)| (PartitionId(p), NodeId::new(to)))
+                    .collect();
+                let node = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = node.move_out(moves).await {
+                        tracing::warn!(node = %node.node_id, error = %e, "moving partitions out failed");
+                    }
+                });
+                Ok(Vec::new())
+            }
+            PeerRequest::Nudge => {
+                self.sync_now.notify_one();
+                Ok(Vec::new())
+            }
             PeerRequest::Hello { .. } => Ok(Vec::new()),
         }
     }
@@ -355,6 +562,10 @@ pub struct Status {
     pub partitions_owned: usize,
     /// How many times this node has fenced.
     pub fences: u64,
+    /// Whether the node is leaving the cluster.
+    pub leaving: bool,
+    /// Live members of the namespace this node knows of.
+    pub members: Vec<String>,
     /// Live key processes on this node.
     pub live_keys: usize,
     /// Topics with subscribers on this node.
@@ -370,9 +581,17 @@ pub struct InstanceBuilder {
     clock: Option<Arc<dyn NodeClock>>,
     peer_listener: Option<tokio::net::TcpListener>,
     observer: Option<KeyLifeObserver>,
+    modules: Vec<(String, Vec<u8>, ModuleOptions)>,
 }
 
 impl InstanceBuilder {
+    /// Deploy a module before the node joins its cluster, so it never owns
+    /// a partition without the module (repeatable).
+    pub fn module(mut self, name: &str, wasm: Vec<u8>, options: ModuleOptions) -> Self {
+        self.modules.push((name.to_owned(), wasm, options));
+        self
+    }
+
     /// Report every key process's start and end to `observer` (for
     /// single-ownership checkers and audits).
     pub fn observer(mut self, observer: KeyLifeObserver) -> Self {
@@ -466,7 +685,17 @@ impl InstanceBuilder {
             modules: RwLock::new(HashMap::new()),
             fences: Mutex::new(0),
             observer: self.observer,
+            lease_id: Mutex::new(None),
+            draining: Mutex::new(BTreeSet::new()),
+            pending_handoff: Mutex::new(HashMap::new()),
+            moving: tokio::sync::Mutex::new(()),
+            leaving: std::sync::atomic::AtomicBool::new(false),
+            sync_now: tokio::sync::Notify::new(),
+            stop_requested: watch::channel(false).0,
         });
+        for (name, wasm, options) in self.modules {
+            shared.deploy(&name, &wasm, options).await?;
+        }
         let peer_server = peer_listener.map(|listener| {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
         });
@@ -521,6 +750,7 @@ impl Instance {
             clock: None,
             peer_listener: None,
             observer: None,
+            modules: Vec::new(),
         }
     }
     /// The node's configuration.
@@ -541,43 +771,7 @@ impl Instance {
         wasm: &[u8],
         options: ModuleOptions,
     ) -> Result<ModuleInfo> {
-        validate_module_name(name)?;
-        options.validate_for(&self.shared.config, &self.shared.config.lease_timing()?)?;
-        if options.on_fence != OnFence::Terminate {
-            return Err(Error::InvalidOptions(format!(
-                "on_fence = {} is not available yet: survivors need limbo, which this build does not have; deploy with on_fence = terminate",
-                options.on_fence
-            )));
-        }
-        let existing = self.shared.module(name).ok();
-        let version = existing
-            .as_ref()
-            .map_or(1, |slot| slot.current().version + 1);
-        let shared = self.shared.clone();
-        let wasm = wasm.to_vec();
-        let compiled =
-            tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
-                .await
-                .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
-        tracing::info!(
-            module = name,
-            version,
-            bytes = compiled.size_bytes,
-            compile_ms = compiled.compile_time.as_millis(),
-            "module deployed"
-        );
-        match existing {
-            Some(slot) => slot.replace(compiled),
-            None => {
-                let slot = Arc::new(ModuleSlot::new(name, compiled));
-                self.shared
-                    .modules
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(name.to_owned(), slot);
-            }
-        }
-        Ok(module_info(&*self.shared.module(name)?))
+        self.shared.deploy(name, wasm, options).await
     }
 
     /// Call `key` of `module` with `message` and wait for its reply (at most
@@ -667,6 +861,18 @@ impl Instance {
             partitions: table.partitions().get(),
             partitions_owned: table.count_owned_by(&shared.node_id),
             fences: *lock(&shared.fences),
+            leaving: shared.leaving.load(std::sync::atomic::Ordering::SeqCst),
+            members: {
+                let mut m: Vec<String> = shared
+                    .members
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .keys()
+                    .map(|n| n.to_string())
+                    .collect();
+                m.sort();
+                m
+            },
             live_keys: modules.iter().map(|m| m.live_keys).sum(),
             topics: shared.pubsub.topic_count(),
             modules,
@@ -677,6 +883,83 @@ impl Instance {
     /// `terminate` key is killed and nothing is served until it rejoins.
     pub fn fence_now(&self) {
         self.shared.fence("requested");
+    }
+
+    /// Leave the cluster gracefully: mark this node as leaving at the
+    /// arbiter, let the leader move every partition it owns to other nodes
+    /// (each key stops with `handoff`, and its state travels to the new
+    /// owner's `init`), then release the lease. The node serves nothing
+    /// afterwards; stop it with [`Instance::shutdown`]. A node with no other
+    /// live node to hand to just releases its lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Fenced`] if the node holds no lease, [`Error::Timeout`] if
+    /// the partitions did not all move within `timeout`, or an arbiter error.
+    pub async fn leave(&self, timeout: Duration) -> Result<()> {
+        let shared = &self.shared;
+        let ns = &shared.config.namespace;
+        let limit = shared.config.renew_interval;
+        let lease = (*lock(&shared.lease_id)).ok_or(Error::Fenced)?;
+        let arbiter_error = |e: ArbiterError| Error::OwnerUnreachable {
+            owner: "the arbiter".to_owned(),
+            why: e.to_string(),
+        };
+        shared
+            .leaving
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        bounded(
+            limit,
+            shared.arbiter.set_leaving(ns, &shared.node_id, lease),
+        )
+        .await
+        .map_err(arbiter_error)?;
+        let members = bounded(limit, shared.arbiter.live_nodes(ns))
+            .await
+            .map_err(arbiter_error)?;
+        let others = members
+            .iter()
+            .any(|m| m.node != shared.node_id && !m.leaving);
+        if others {
+            tracing::info!(node = %shared.node_id, "leaving: handing off partitions");
+            let deadline = tokio::time::Instant::now() + timeout;
+            while shared.table().count_owned_by(&shared.node_id) > 0 {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(Error::Timeout(timeout));
+                }
+                shared.sync_now.notify_one();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        self.coordination.abort();
+        bounded(limit, shared.arbiter.release(ns, &shared.node_id, lease))
+            .await
+            .map_err(arbiter_error)?;
+        lock(&shared.lease).fence_now(shared.clock.now());
+        tracing::info!(node = %shared.node_id, "left the cluster");
+        Ok(())
+    }
+
+    /// Ask the program hosting this node to stop it (the HTTP API does this
+    /// after `POST /v1/leave`).
+    pub fn request_stop(&self) {
+        self.shared.stop_requested.send_replace(true);
+    }
+
+    /// Resolves once [`Instance::request_stop`] was called.
+    pub async fn stop_requested(&self) {
+        let mut rx = self.shared.stop_requested.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Whether other live nodes share this node's namespace.
+    pub fn has_peers(&self) -> bool {
+        self.shared
+            .members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .any(|n| n != &self.shared.node_id)
     }
 
     /// Cut (or restore) this node's outgoing link to `peer` (fault injection
@@ -758,7 +1041,17 @@ fn module_info(slot: &ModuleSlot) -> ModuleInfo {
 /// Run the coordination loop; if it ever ends or panics, the node fences
 /// (contract §1.3: "its own coordination crashed").
 async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
-    let outcome = tokio::spawn(coordinate(shared.clone(), ready)).await;
+    /// Aborts the coordination task when the supervisor is dropped or
+    /// aborted (shutdown, leave), so the two never outlive each other.
+    struct AbortOnDrop(tokio::task::AbortHandle);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let task = tokio::spawn(coordinate(shared.clone(), ready));
+    let _guard = AbortOnDrop(task.abort_handle());
+    let outcome = task.await;
     if let Err(e) = outcome
         && e.is_panic()
     {
@@ -773,6 +1066,7 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
     let renew_interval = shared.config.renew_interval;
     loop {
         let lease_id = join(&shared, &ns).await;
+        *lock(&shared.lease_id) = Some(lease_id);
         loop {
             if !lock(&shared.lease).status(shared.clock.now()).is_current() {
                 shared.fence("the lease could not be renewed before the fence point");
@@ -787,7 +1081,10 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
                 (lease.next_renewal_at(), lease.fence_point())
             };
             let wake = fence_point.map_or(next_renewal, |f| f.min(next_renewal));
-            shared.clock.sleep_until(wake).await;
+            tokio::select! {
+                () = shared.clock.sleep_until(wake) => {}
+                () = shared.sync_now.notified() => continue,
+            }
             if shared.clock.now() < next_renewal {
                 continue;
             }
@@ -798,6 +1095,7 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
                 break;
             }
         }
+        *lock(&shared.lease_id) = None;
         // Rejoin with a fresh lease.
         *lock(&shared.lease) = Lease::new(*lock(&shared.lease).timing());
     }
@@ -853,6 +1151,48 @@ async fn renew(
     answer
 }
 
+/// Most graceful moves the leader starts per round.
+const MOVES_PER_ROUND: usize = 256;
+
+/// As leader: ask owners above their fair share (or leaving) to hand
+/// partitions to nodes below it. Each owner moves its own partitions.
+fn rebalance(shared: &Arc<NodeShared>, table: &OwnershipTable, targets: &[NodeId]) {
+    let moves = rebalance_moves(table, targets, MOVES_PER_ROUND);
+    let mut by_owner: BTreeMap<NodeId, Vec<(PartitionId, NodeId)>> = BTreeMap::new();
+    for m in moves {
+        by_owner
+            .entry(m.from)
+            .or_default()
+            .push((m.partition, m.to));
+    }
+    for (owner, moves) in by_owner {
+        let node = shared.clone();
+        tokio::spawn(async move {
+            let result = if owner == node.node_id {
+                node.move_out(moves).await
+            } else {
+                let request = PeerRequest::Move {
+                    moves: moves
+                        .into_iter()
+                        .map(|(p, to)| (p.0, to.to_string()))
+                        .collect(),
+                };
+                match node.peer_addr_of(&owner) {
+                    Ok(addr) => node
+                        .peers
+                        .request(&addr, request, node.config.call_timeout)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(node = %node.node_id, %owner, error = %e, "asking for a handoff failed");
+            }
+        });
+    }
+}
+
 /// Wait for an arbiter answer at most `limit`.
 async fn bounded<T>(
     limit: Duration,
@@ -867,7 +1207,7 @@ async fn bounded<T>(
 /// arbiter's table and kill keys of partitions this node lost. Every arbiter
 /// call is bounded by the renewal interval, so a hung arbiter cannot hold the
 /// loop past the next fence check.
-async fn sync_table(shared: &NodeShared, ns: &str, lease_id: LeaseId) {
+async fn sync_table(shared: &Arc<NodeShared>, ns: &str, lease_id: LeaseId) {
     let arbiter = &shared.arbiter;
     let limit = shared.config.renew_interval;
     match bounded(limit, arbiter.campaign(ns, &shared.node_id, lease_id)).await {
@@ -877,12 +1217,23 @@ async fn sync_table(shared: &NodeShared, ns: &str, lease_id: LeaseId) {
                 bounded(limit, arbiter.live_nodes(ns)).await,
                 bounded(limit, arbiter.table(ns)).await,
             ) {
+                let targets: Vec<NodeId> = members
+                    .iter()
+                    .filter(|m| !m.leaving)
+                    .map(|m| m.node.clone())
+                    .collect();
                 let live: Vec<NodeId> = members.iter().map(|m| m.node.clone()).collect();
-                let changes = orphan_assignment(&table, &live);
-                if !changes.is_empty()
-                    && let Err(e) = bounded(limit, arbiter.write_table(ns, term, changes)).await
-                {
-                    tracing::warn!(node = %shared.node_id, error = %e, "table change refused");
+                let changes = orphan_assignment(&table, &live, &targets);
+                let table = if changes.is_empty() {
+                    Ok(table)
+                } else {
+                    bounded(limit, arbiter.write_table(ns, term, changes)).await
+                };
+                match table {
+                    Ok(table) => rebalance(shared, &table, &targets),
+                    Err(e) => {
+                        tracing::warn!(node = %shared.node_id, error = %e, "table change refused")
+                    }
                 }
             }
         }

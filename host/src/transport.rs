@@ -54,6 +54,21 @@ pub(crate) enum PeerRequest {
         key: String,
         message: Vec<u8>,
     },
+    /// Graceful move, step 1: the old owner hands over the state of the keys
+    /// it stopped, before it gives the partitions away.
+    Handoff { entries: Vec<HandoffEntry> },
+    /// The leader asks the owner to hand these partitions to these nodes.
+    Move { moves: Vec<(u32, String)> },
+    /// The table changed: refresh it now rather than at the next renewal.
+    Nudge,
+}
+
+/// One key's handoff state, on its way to the new owner.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct HandoffEntry {
+    pub(crate) module: String,
+    pub(crate) key: String,
+    pub(crate) state: Vec<u8>,
 }
 
 /// An error as it crosses the wire.

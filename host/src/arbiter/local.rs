@@ -17,6 +17,7 @@ use crate::key::lock;
 struct LeaseRecord {
     id: LeaseId,
     peer_addr: Option<String>,
+    leaving: bool,
     committed_at: Instant,
     ttl: Duration,
 }
@@ -145,6 +146,7 @@ impl Arbiter for LocalArbiter {
                 LeaseRecord {
                     id,
                     peer_addr,
+                    leaving: false,
                     committed_at: now,
                     ttl,
                 },
@@ -188,6 +190,56 @@ impl Arbiter for LocalArbiter {
         })
     }
 
+    fn set_leaving<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        let node2 = node.clone();
+        self.with(namespace, Some(node), move |state, now| {
+            let ns = ns(state, namespace);
+            match ns.leases.get_mut(&node2) {
+                Some(r) if r.id == lease && r.is_current(now) => {
+                    r.leaving = true;
+                    Ok(())
+                }
+                _ => Err(ArbiterError::LeaseExpired(lease)),
+            }
+        })
+    }
+
+    fn transfer<'a>(
+        &'a self,
+        namespace: &'a str,
+        from: &'a NodeId,
+        lease: LeaseId,
+        moves: Vec<(PartitionId, NodeId)>,
+    ) -> ArbiterFuture<'a, OwnershipTable> {
+        let from2 = from.clone();
+        self.with(namespace, Some(from), move |state, now| {
+            let ns = ns(state, namespace);
+            if !ns.lease_current(&from2, lease, now) {
+                return Err(ArbiterError::LeaseExpired(lease));
+            }
+            for (partition, to) in &moves {
+                if ns.table.owner(*partition).is_none_or(|a| a.node != from2) {
+                    return Err(ArbiterError::Refused(format!(
+                        "{from2} cannot hand off {partition}: it does not own it"
+                    )));
+                }
+                if !ns.leases.get(to).is_some_and(|r| r.is_current(now)) {
+                    return Err(ArbiterError::Refused(format!(
+                        "cannot hand {partition} to {to}: it has no current lease"
+                    )));
+                }
+            }
+            ns.table
+                .reassign(moves.into_iter().map(|(p, to)| (p, Some(to))));
+            Ok(ns.table.clone())
+        })
+    }
+
     fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
         self.with(namespace, None, move |state, now| {
             Ok(ns(state, namespace)
@@ -197,6 +249,7 @@ impl Arbiter for LocalArbiter {
                 .map(|(node, r)| Member {
                     node: node.clone(),
                     peer_addr: r.peer_addr.clone(),
+                    leaving: r.leaving,
                 })
                 .collect())
         })

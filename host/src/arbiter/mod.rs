@@ -38,6 +38,8 @@ pub struct Member {
     pub node: NodeId,
     /// Where its peers reach it (node-to-node transport), if it listens.
     pub peer_addr: Option<String>,
+    /// The node is leaving: it gets no partitions and hands off its own.
+    pub leaving: bool,
 }
 
 /// Why the arbiter refused or could not answer.
@@ -52,8 +54,8 @@ pub enum ArbiterError {
     /// The caller is not the current leader.
     #[error("not the leader (current term {0:?})")]
     NotLeader(Option<Term>),
-    /// A table change was refused.
-    #[error("table change refused: {0}")]
+    /// The arbiter refused the request.
+    #[error("the arbiter refused: {0}")]
     Refused(String),
 }
 
@@ -86,6 +88,15 @@ pub trait Arbiter: Send + Sync + 'static {
         lease: LeaseId,
     ) -> ArbiterFuture<'a, ()>;
 
+    /// Presence: mark `node` as leaving, so the leader gives it nothing and
+    /// moves its partitions out.
+    fn set_leaving<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()>;
+
     /// Presence: the nodes whose leases are current, on the arbiter's clock.
     fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>>;
 
@@ -100,6 +111,18 @@ pub trait Arbiter: Send + Sync + 'static {
 
     /// Ownership table: the current table.
     fn table<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, OwnershipTable>;
+
+    /// Ownership table: a graceful move. `from`, under its current lease,
+    /// gives each listed partition it owns to the listed live node, in one
+    /// change (one epoch bump). Refused if `from` does not own one of them or
+    /// its lease is not current, or a target is not live.
+    fn transfer<'a>(
+        &'a self,
+        namespace: &'a str,
+        from: &'a NodeId,
+        lease: LeaseId,
+        moves: Vec<(PartitionId, NodeId)>,
+    ) -> ArbiterFuture<'a, OwnershipTable>;
 
     /// Ownership table: apply `changes` as the leader of `term`. The arbiter
     /// refuses to give a partition to a node while another node's lease on

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS fief_leases (
     lease_id   bigint NOT NULL,
     ttl_ms     bigint NOT NULL,
     peer_addr  text,
+    leaving    boolean NOT NULL DEFAULT false,
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (namespace, node_id)
 );
@@ -50,6 +51,8 @@ CREATE TABLE IF NOT EXISTS fief_partitions (
     PRIMARY KEY (namespace, partition)
 );
 CREATE SEQUENCE IF NOT EXISTS fief_lease_ids;
+-- Added after 0.1.0's first schema; harmless when already there.
+ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS leaving boolean NOT NULL DEFAULT false;
 "#;
 
 /// Key of the advisory lock that serializes migrations.
@@ -233,7 +236,8 @@ impl Arbiter for PostgresArbiter {
                          VALUES ($1, $2, nextval('fief_lease_ids'), $3::bigint, $4, clock_timestamp() + $3::bigint * interval '1 millisecond')
                          ON CONFLICT (namespace, node_id) DO UPDATE
                             SET lease_id = EXCLUDED.lease_id, ttl_ms = EXCLUDED.ttl_ms,
-                                peer_addr = EXCLUDED.peer_addr, expires_at = EXCLUDED.expires_at
+                                peer_addr = EXCLUDED.peer_addr, expires_at = EXCLUDED.expires_at,
+                                leaving = false
                             WHERE fief_leases.expires_at <= clock_timestamp()
                          RETURNING lease_id",
                         &[&namespace, &node.as_str(), &ttl_ms, &peer_addr],
@@ -295,12 +299,94 @@ impl Arbiter for PostgresArbiter {
         })
     }
 
+    fn set_leaving<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        Box::pin(async move {
+            let updated = self
+                .with(async |c| {
+                    c.execute(
+                        "UPDATE fief_leases SET leaving = true
+                         WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()",
+                        &[&namespace, &node.as_str(), &(lease.0 as i64)],
+                    )
+                    .await
+                })
+                .await?;
+            if updated == 1 {
+                Ok(())
+            } else {
+                Err(ArbiterError::LeaseExpired(lease))
+            }
+        })
+    }
+
+    fn transfer<'a>(
+        &'a self,
+        namespace: &'a str,
+        from: &'a NodeId,
+        lease: LeaseId,
+        moves: Vec<(PartitionId, NodeId)>,
+    ) -> ArbiterFuture<'a, OwnershipTable> {
+        Box::pin(async move {
+            let partitions = self.partitions;
+            let outcome = self
+                .with(async |c| {
+                    let tx = c.transaction().await?;
+                    let epoch: i64 = tx
+                        .query_one("SELECT epoch FROM fief_namespaces WHERE namespace = $1 FOR UPDATE", &[&namespace])
+                        .await?
+                        .get(0);
+                    let me_alive = tx
+                        .query_opt(
+                            "SELECT 1 FROM fief_leases WHERE namespace = $1 AND node_id = $2 AND lease_id = $3
+                             AND expires_at > clock_timestamp()",
+                            &[&namespace, &from.as_str(), &(lease.0 as i64)],
+                        )
+                        .await?
+                        .is_some();
+                    if !me_alive {
+                        return Ok(Err(ArbiterError::LeaseExpired(lease)));
+                    }
+                    let next = epoch + 1;
+                    for (partition, to) in &moves {
+                        let n = tx
+                            .execute(
+                                "UPDATE fief_partitions SET node_id = $4, token = $5
+                                 WHERE namespace = $1 AND partition = $2 AND node_id = $3
+                                 AND EXISTS (SELECT 1 FROM fief_leases l WHERE l.namespace = $1 AND l.node_id = $4
+                                             AND l.expires_at > clock_timestamp())",
+                                &[&namespace, &(partition.0 as i32), &from.as_str(), &to.as_str(), &next],
+                            )
+                            .await?;
+                        if n != 1 {
+                            return Ok(Err(ArbiterError::Refused(format!(
+                                "{from} cannot hand {partition} to {to}: it does not own it, or {to} has no current lease"
+                            ))));
+                        }
+                    }
+                    tx.execute("UPDATE fief_namespaces SET epoch = $2 WHERE namespace = $1", &[&namespace, &next])
+                        .await?;
+                    tx.commit().await?;
+                    Ok(Ok(()))
+                })
+                .await?;
+            outcome?;
+            self.with(async |c| Self::read_table(c, namespace, partitions).await)
+                .await?
+                .map_err(ArbiterError::Refused)
+        })
+    }
+
     fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
         Box::pin(async move {
             let rows = self
                 .with(async |c| {
                     c.query(
-                        "SELECT node_id, peer_addr FROM fief_leases
+                        "SELECT node_id, peer_addr, leaving FROM fief_leases
                          WHERE namespace = $1 AND expires_at > clock_timestamp() ORDER BY node_id",
                         &[&namespace],
                     )
@@ -312,6 +398,7 @@ impl Arbiter for PostgresArbiter {
                 .map(|r| Member {
                     node: NodeId::new(r.get::<_, String>(0)),
                     peer_addr: r.get(1),
+                    leaving: r.get(2),
                 })
                 .collect())
         })
