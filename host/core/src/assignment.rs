@@ -85,7 +85,7 @@ pub struct Move {
 ///
 /// let (a, b) = (NodeId::new("a"), NodeId::new("b"));
 /// let mut table = OwnershipTable::new(PartitionCount::new(8).unwrap());
-/// table.reassign(orphan_assignment(&table, &[a.clone()], &[a.clone()]));
+/// table.reassign(orphan_assignment(&table, std::slice::from_ref(&a), std::slice::from_ref(&a)));
 /// // b joins: half of a's partitions should move to it.
 /// let moves = rebalance_moves(&table, &[a.clone(), b.clone()], usize::MAX);
 /// assert_eq!(moves.len(), 4);
@@ -191,7 +191,11 @@ mod tests {
         let partitions = PartitionCount::new(4).unwrap();
         let (a, b) = (NodeId::new("a"), NodeId::new("b"));
         let mut table = OwnershipTable::new(partitions);
-        table.reassign(orphan_assignment(&table, &[a.clone()], &[a.clone()]));
+        table.reassign(orphan_assignment(
+            &table,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+        ));
         // a is leaving: still live, so its partitions are not orphans (they
         // move by handoff, not by reassignment).
         assert!(orphan_assignment(&table, &[a.clone(), b.clone()], &[b]).is_empty());
@@ -202,7 +206,11 @@ mod tests {
         let partitions = PartitionCount::new(100).unwrap();
         let (a, b) = (NodeId::new("a"), NodeId::new("b"));
         let mut table = OwnershipTable::new(partitions);
-        table.reassign(orphan_assignment(&table, &[a.clone()], &[a.clone()]));
+        table.reassign(orphan_assignment(
+            &table,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+        ));
         assert_eq!(rebalance_moves(&table, &[a, b], 7).len(), 7);
     }
 }
