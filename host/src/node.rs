@@ -61,7 +61,7 @@ pub(crate) struct NodeShared {
     draining: Mutex<BTreeSet<PartitionId>>,
     /// Handoff states received for keys this node may soon own, with when
     /// they arrived; unclaimed ones are dropped after two lease TTLs.
-    pending_handoff: Mutex<HashMap<(String, String), (Vec<u8>, std::time::Instant)>>,
+    pending_handoff: Mutex<PendingHandoffs>,
     /// Serializes graceful moves out of this node.
     moving: tokio::sync::Mutex<()>,
     /// Set by `leave`: the node hands off everything and takes nothing.
@@ -72,6 +72,10 @@ pub(crate) struct NodeShared {
     /// leave through the API).
     stop_requested: watch::Sender<bool>,
 }
+
+/// Handoff states waiting for their key's activation: (module, key) →
+/// (state, arrival).
+type PendingHandoffs = HashMap<(String, String), (Vec<u8>, std::time::Instant)>;
 
 /// Receives every key process's start and end (see [`KeyLife`]).
 pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;
@@ -344,21 +348,45 @@ impl NodeShared {
     ) -> Result<Vec<u8>> {
         self.check_message(&message)?;
         validate_key(key)?;
-        if let Route::Forward { owner, .. } = self.route(key) {
+        // One bounded retry: if the owner per our table is gone or says it
+        // is not the owner, our table may be stale; refresh it and route
+        // once more.
+        for attempt in 0..2 {
+            let Route::Forward { owner, .. } = self.route(key) else {
+                return self.call_local(module, key, message, timeout).await;
+            };
             let addr = self.peer_addr_of(&owner)?;
             let request = PeerRequest::Call {
                 module: module.to_owned(),
                 key: key.to_owned(),
-                message,
+                message: message.clone(),
                 timeout_ms: timeout.as_millis() as u64,
             };
-            return self
-                .peers
-                .request(&addr, request, timeout)
-                .await
-                .map_err(|e| name_owner(e, &owner, &addr));
+            match self.peers.request(&addr, request, timeout).await {
+                Err(e) if attempt == 0 && stale_route(&e) && self.refresh_table().await => {
+                    continue;
+                }
+                result => return result.map_err(|e| name_owner(e, &owner, &addr)),
+            }
         }
-        self.call_local(module, key, message, timeout).await
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    /// Read the table from the arbiter now. Returns whether it changed.
+    async fn refresh_table(&self) -> bool {
+        let limit = self.config.renew_interval;
+        let Ok(newer) = bounded(limit, self.arbiter.table(&self.config.namespace)).await else {
+            return false;
+        };
+        let changed = self
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .update_from(&newer);
+        if changed {
+            self.kill_lost_keys(&newer);
+        }
+        changed
     }
 
     async fn call_local(
@@ -488,6 +516,15 @@ impl NodeShared {
         if killed > 0 {
             self.runtime.engine.increment_epoch();
         }
+    }
+}
+
+/// Whether a forwarding error suggests this node's table is stale.
+fn stale_route(error: &Error) -> bool {
+    match error {
+        Error::OwnerUnreachable { .. } => true,
+        Error::Remote { code, .. } => code == "not_owner" || code == "fenced",
+        _ => false,
     }
 }
 
@@ -1247,14 +1284,5 @@ async fn sync_table(shared: &Arc<NodeShared>, ns: &str, lease_id: LeaseId) {
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
             members.into_iter().map(|m| (m.node, m.peer_addr)).collect();
     }
-    if let Ok(newer) = bounded(limit, arbiter.table(ns)).await {
-        let changed = shared
-            .table
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .update_from(&newer);
-        if changed {
-            shared.kill_lost_keys(&newer);
-        }
-    }
+    shared.refresh_table().await;
 }
