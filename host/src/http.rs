@@ -9,6 +9,7 @@
 //! | `GET /v1/keys` | live keys |
 //! | `GET /v1/status` | the node's [`Status`](crate::Status) |
 //! | `POST /v1/leave` | leave the cluster gracefully, then stop |
+//! | `GET /v1/limbo` | the survivors in limbo ([`LimboEntry`](crate::LimboEntry)) |
 //!
 //! Every error is JSON `{"error":{"code":"…","message":"…"}}` with the status
 //! of [`Error::http_status`]. Bodies are read with a limit (the node's
@@ -50,6 +51,7 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route("/v1/keys", get(keys))
         .route("/v1/status", get(status))
         .route("/v1/leave", post(leave))
+        .route("/v1/limbo", get(limbo))
         .fallback(
             |uri: axum::http::Uri| async move { Error::NoSuchEndpoint(uri.path().to_owned()) },
         )
@@ -163,6 +165,10 @@ async fn leave(State(instance): State<Arc<Instance>>) -> Result<impl IntoRespons
 
 /// How long `POST /v1/leave` waits for every partition to move.
 const LEAVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+async fn limbo(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
+    axum::Json(instance.limbo().await)
+}
 
 async fn status(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
     axum::Json(instance.status())

@@ -29,9 +29,10 @@ use wasmtime::{Store, StoreLimits, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::KeyModule;
-use crate::bindings::types::{Info, StopReason, TimerFired};
+use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::error::{Error, Result};
 use crate::guest_log::{GuestLog, Stream};
+use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
 
@@ -42,14 +43,67 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The kill switch of one key process.
-#[derive(Default)]
 pub(crate) struct KeyControl {
     killed: AtomicBool,
     reason: Mutex<Option<String>>,
     notify: Notify,
+    /// Set at the fence for `continue`/`callback` keys: the process lives on
+    /// in limbo and takes no routed message again.
+    survivor: AtomicBool,
+    /// A pending `handle-fence` order (callback mode): its deadline.
+    fence_order: Mutex<Option<Duration>>,
+    fence_notify: Notify,
+    /// Set once `handle-fence` returned.
+    fence_answered: AtomicBool,
+    /// Set by the key's task once its store has been dropped.
+    exited: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for KeyControl {
+    fn default() -> Self {
+        KeyControl {
+            killed: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            notify: Notify::new(),
+            survivor: AtomicBool::new(false),
+            fence_order: Mutex::new(None),
+            fence_notify: Notify::new(),
+            fence_answered: AtomicBool::new(false),
+            exited: tokio::sync::watch::channel(false).0,
+        }
+    }
 }
 
 impl KeyControl {
+    /// Make the key a survivor; for a callback key, also order it to run
+    /// `handle-fence` with `deadline`.
+    pub(crate) fn fence(&self, callback_deadline: Option<Duration>) {
+        self.survivor.store(true, Ordering::SeqCst);
+        if let Some(deadline) = callback_deadline {
+            *lock(&self.fence_order) = Some(deadline);
+            self.fence_notify.notify_one();
+        }
+    }
+
+    pub(crate) fn is_survivor(&self) -> bool {
+        self.survivor.load(Ordering::SeqCst)
+    }
+
+    /// Resolves with the deadline of a `handle-fence` order.
+    async fn fence_ordered(&self) -> Duration {
+        loop {
+            if let Some(deadline) = lock(&self.fence_order).take() {
+                return deadline;
+            }
+            self.fence_notify.notified().await;
+        }
+    }
+
+    /// Resolves once the key's store has been dropped.
+    pub(crate) async fn exited(&self) {
+        let mut rx = self.exited.subscribe();
+        let _ = rx.wait_for(|exited| *exited).await;
+    }
     /// Set the kill flag. The caller bumps the engine epoch afterwards so a
     /// running guest notices at once. Returns false if it was already killed.
     pub(crate) fn kill(&self, reason: &str) -> bool {
@@ -85,6 +139,7 @@ pub(crate) enum Envelope {
     Call {
         message: Vec<u8>,
         reply: oneshot::Sender<Result<Vec<u8>>>,
+        via: Via,
     },
     /// A one-way message.
     Cast { message: Vec<u8> },
@@ -98,6 +153,18 @@ pub(crate) enum Envelope {
 }
 
 impl Envelope {
+    /// Whether the message came through routing (not a timer, a
+    /// publication, a stop or a local handle).
+    fn is_routed(&self) -> bool {
+        matches!(
+            self,
+            Envelope::Call {
+                via: Via::Routed,
+                ..
+            } | Envelope::Cast { .. }
+        )
+    }
+
     /// Answer the envelope's sender (if it has one) with `error`.
     fn fail(self, error: Error) {
         match self {
@@ -110,6 +177,15 @@ impl Envelope {
             Envelope::Cast { .. } | Envelope::Info(_) => {}
         }
     }
+}
+
+/// How a call reached a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// Routed to the key's owner: refused once the key is a survivor.
+    Routed,
+    /// Through a local handle on this node: reaches survivors too.
+    LocalHandle,
 }
 
 /// What a key process knows about itself and its node.
@@ -333,6 +409,17 @@ impl KeyProcess {
         r.map_err(|e| self.death(&e))
     }
 
+    async fn handle_fence(&mut self, deadline: Duration) -> Result<FenceDecision, Death> {
+        self.begin_callback();
+        let deadline_ms = u32::try_from(deadline.as_millis()).unwrap_or(u32::MAX);
+        let r = self
+            .guest
+            .fief_key_lifecycle()
+            .call_handle_fence(&mut self.store, deadline_ms)
+            .await;
+        r.map_err(|e| self.death(&e))
+    }
+
     async fn handoff(&mut self) -> Result<Option<Vec<u8>>, Death> {
         self.begin_callback();
         let r = self
@@ -392,6 +479,8 @@ pub(crate) struct KeyHandle {
     generation: u64,
     started_at: SystemTime,
     partition: PartitionId,
+    on_fence: OnFence,
+    handle_fence_deadline: Duration,
 }
 
 /// A deployed module name: its current version and its live keys.
@@ -523,6 +612,8 @@ impl ModuleSlot {
                 generation,
                 started_at: SystemTime::now(),
                 partition,
+                on_fence: options.on_fence,
+                handle_fence_deadline: options.handle_fence_deadline,
             },
         );
         drop(keys);
@@ -546,6 +637,56 @@ impl ModuleSlot {
             .filter(|h| select(h.partition))
             .filter(|h| h.control.kill(reason))
             .count()
+    }
+
+    /// The fence, for this module's live keys: `terminate` keys are killed;
+    /// `continue` and `callback` keys leave the kill tree for `limbo` (a
+    /// callback key is also ordered to run `handle-fence`, and is killed if
+    /// it has not answered by its deadline). Returns how many were killed.
+    pub(crate) fn fence_keys(&self, limbo: &Limbo) -> usize {
+        let mut keys = lock(&self.keys);
+        let mut killed = 0;
+        let names: Vec<Box<str>> = keys.keys().cloned().collect();
+        for name in names {
+            let mode = keys[&name].on_fence;
+            if mode == OnFence::Terminate {
+                killed += usize::from(keys[&name].control.kill("the node fenced"));
+                continue;
+            }
+            let handle = keys.remove(&name).expect("listed above");
+            let deadline = handle.handle_fence_deadline;
+            let callback = (mode == OnFence::Callback).then_some(deadline);
+            handle.control.fence(callback);
+            if callback.is_some() {
+                let control = handle.control.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(deadline).await;
+                    if !control.fence_answered.load(Ordering::SeqCst)
+                        && control.kill("handle-fence did not answer by its deadline")
+                    {
+                        tracing::warn!("a key was killed: handle-fence overran its deadline");
+                    }
+                });
+            }
+            limbo.insert(Survivor {
+                entry: LimboEntry {
+                    module: self.name.to_string(),
+                    key: name.to_string(),
+                    partition: handle.partition.0,
+                    since: SystemTime::now(),
+                    mode: mode_name(mode),
+                },
+                generation: handle.generation,
+                control: handle.control,
+                mailbox: handle.tx,
+            });
+        }
+        killed
+    }
+
+    /// A live key's mailbox (its local handle on this node).
+    pub(crate) fn mailbox(&self, key: &str) -> Option<mpsc::Sender<Envelope>> {
+        lock(&self.keys).get(key).map(|h| h.tx.clone())
     }
 
     /// Kill one key. Returns whether it was live.
@@ -668,6 +809,7 @@ async fn run_key(
             tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
             node.observe(&env.module, &key, KeyLifeEvent::Ended);
             slot.remove_if_current(&key, env.generation);
+            control.exited.send_replace(true);
             rx.close();
             while let Ok(envelope) = rx.try_recv() {
                 envelope.fail(error.clone());
@@ -681,6 +823,24 @@ async fn run_key(
         let envelope = tokio::select! {
             biased;
             () = control.killed() => break Exit::Killed,
+            deadline = control.fence_ordered() => {
+                // Callback mode: the key decides, under a deadline the
+                // fencer enforces with a kill; this loop never delays it.
+                let answer = tokio::select! {
+                    biased;
+                    () = control.killed() => break Exit::Killed,
+                    answer = process.handle_fence(deadline) => answer,
+                };
+                control.fence_answered.store(true, Ordering::SeqCst);
+                match answer {
+                    Ok(FenceDecision::Continue) => continue,
+                    Ok(FenceDecision::Stop(reason)) => {
+                        let _ = process.terminate(&StopReason::Fenced(reason)).await;
+                        break Exit::Stopped;
+                    }
+                    Err(Death(why)) => break Exit::Died(why),
+                }
+            }
             envelope = rx.recv() => match envelope {
                 Some(envelope) => envelope,
                 None => break Exit::Stopped,
@@ -693,12 +853,21 @@ async fn run_key(
                 continue;
             }
         };
-        // Nothing is served past the fence, even if this task was paused
-        // across the fence point and the fence sweep has not reached it yet.
-        if env.on_fence == OnFence::Terminate && !node.may_act() {
-            control.kill("the node is fenced");
-            envelope.fail(Error::Fenced);
-            break Exit::Killed;
+        // Nothing routed is served past the fence, even if this task was
+        // paused across the fence point and the fence sweep has not reached
+        // it yet: a `terminate` key dies; a survivor refuses routed messages
+        // (its timers, subscriptions and local handles still reach it).
+        let fenced = control.is_survivor() || !node.may_act();
+        if fenced {
+            if env.on_fence == OnFence::Terminate {
+                control.kill("the node is fenced");
+                envelope.fail(Error::Fenced);
+                break Exit::Killed;
+            }
+            if envelope.is_routed() {
+                envelope.fail(Error::Fenced);
+                continue;
+            }
         }
         let outcome = tokio::select! {
             biased;
@@ -717,6 +886,8 @@ async fn run_key(
     drop(process);
     node.observe(&env.module, &key, KeyLifeEvent::Ended);
     slot.remove_if_current(&key, env.generation);
+    node.limbo.remove(&env.module, &key, env.generation);
+    control.exited.send_replace(true);
     let why = match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
         Exit::Died(why) => why.clone(),
@@ -746,7 +917,7 @@ enum Step {
 /// Process one envelope.
 async fn dispatch(process: &mut KeyProcess, envelope: Envelope) -> Step {
     match envelope {
-        Envelope::Call { message, reply } => match process.handle_call(&message).await {
+        Envelope::Call { message, reply, .. } => match process.handle_call(&message).await {
             Ok(result) => {
                 let _ = reply.send(result.map_err(Error::Rejected));
                 Step::Continue

@@ -36,6 +36,8 @@ enum Command {
     Status(StatusArgs),
     /// Make a node leave its cluster gracefully (its keys hand off), then stop.
     Leave(NodeUrl),
+    /// List the survivors in a node's limbo.
+    Limbo(StatusArgs),
 }
 
 #[derive(Args)]
@@ -158,6 +160,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cast(args) => call(args, "cast").await,
         Command::Status(args) => status(args).await,
         Command::Leave(args) => leave(args).await,
+        Command::Limbo(args) => limbo(args).await,
     }
 }
 
@@ -320,6 +323,38 @@ async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
     if verb == "call" {
         let reply = response.bytes().await?;
         println!("{}", String::from_utf8_lossy(&reply));
+    }
+    Ok(())
+}
+
+async fn limbo(args: StatusArgs) -> anyhow::Result<()> {
+    let url = format!("{}/v1/limbo", args.node.trim_end_matches('/'));
+    let response = client()
+        .get(&url)
+        .send()
+        .await
+        .map_err(connect_error(&args.node))?;
+    if !response.status().is_success() {
+        return Err(api_error(response).await);
+    }
+    let entries: serde_json::Value = response.json().await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&entries)?);
+        return Ok(());
+    }
+    let entries = entries.as_array().cloned().unwrap_or_default();
+    if entries.is_empty() {
+        println!("limbo is empty");
+    }
+    for e in entries {
+        println!(
+            "{}/{}  partition {}  mode {}  since {}",
+            e["module"].as_str().unwrap_or("?"),
+            e["key"].as_str().unwrap_or("?"),
+            e["partition"],
+            e["mode"].as_str().unwrap_or("?"),
+            e["since"].as_str().unwrap_or("?")
+        );
     }
     Ok(())
 }

@@ -18,9 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fief_core::assignment::{orphan_assignment, rebalance_moves};
-use fief_core::{
-    Lease, LeaseStatus, NodeId, OnFence, OwnershipTable, PartitionId, Route, RouteRefusal,
-};
+use fief_core::{Lease, LeaseStatus, NodeId, OwnershipTable, PartitionId, Route, RouteRefusal};
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
@@ -30,7 +28,8 @@ use crate::bindings::types::StopReason;
 use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig, validate_key, validate_module_name};
 use crate::error::{Error, Result};
-use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, lock};
+use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock};
+use crate::limbo::{Limbo, LimboEntry};
 use crate::module::compile;
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
@@ -43,6 +42,7 @@ pub(crate) struct NodeShared {
     pub(crate) runtime: Runtime,
     pub(crate) pubsub: PubSub,
     pub(crate) tasks: TaskTracker,
+    pub(crate) limbo: Limbo,
     clock: Arc<dyn NodeClock>,
     arbiter: Arc<dyn Arbiter>,
     /// Live members and where their peers reach them, per the arbiter.
@@ -68,6 +68,8 @@ pub(crate) struct NodeShared {
     pub(crate) leaving: std::sync::atomic::AtomicBool,
     /// Wakes the coordination loop to refresh the table now.
     sync_now: tokio::sync::Notify,
+    /// Fault injection: the coordination loop panics when it sees this.
+    coordination_crash: std::sync::atomic::AtomicBool,
     /// Set when someone asked the node's host program to stop (after a
     /// leave through the API).
     stop_requested: watch::Sender<bool>,
@@ -147,12 +149,6 @@ impl NodeShared {
     ) -> Result<ModuleInfo> {
         validate_module_name(name)?;
         options.validate_for(&self.config, &self.config.lease_timing()?)?;
-        if options.on_fence != OnFence::Terminate {
-            return Err(Error::InvalidOptions(format!(
-                "on_fence = {} is not available yet: survivors need limbo, which this build does not have; deploy with on_fence = terminate",
-                options.on_fence
-            )));
-        }
         let existing = self.module(name).ok();
         let version = existing
             .as_ref()
@@ -373,11 +369,36 @@ impl NodeShared {
     }
 
     /// Read the table from the arbiter now. Returns whether it changed.
+    ///
+    /// Partitions this node gains are *initialized*: survivors of them still
+    /// in limbo are reaped (and gone) before the new table routes anything
+    /// to this node, so one node never hosts a survivor and a fresh process
+    /// for one key.
     async fn refresh_table(&self) -> bool {
         let limit = self.config.renew_interval;
         let Ok(newer) = bounded(limit, self.arbiter.table(&self.config.namespace)).await else {
             return false;
         };
+        let gained: BTreeSet<PartitionId> = {
+            let old = self.table();
+            if newer.epoch() <= old.epoch() {
+                return false;
+            }
+            newer
+                .iter()
+                .filter(|(p, owner)| {
+                    owner.is_some_and(|a| a.node == self.node_id)
+                        && old.owner(*p).is_none_or(|a| a.node != self.node_id)
+                })
+                .map(|(p, _)| p)
+                .collect()
+        };
+        if !gained.is_empty() {
+            let reaped = self.limbo.reap(gained).await;
+            if reaped > 0 {
+                tracing::info!(node = %self.node_id, reaped, "survivors reaped: their partitions are initialized again");
+            }
+        }
         let changed = self
             .table
             .write()
@@ -397,7 +418,12 @@ impl NodeShared {
         timeout: Duration,
     ) -> Result<Vec<u8>> {
         let (reply, rx) = oneshot::channel();
-        self.deliver_local(module, key, Envelope::Call { message, reply })?;
+        let envelope = Envelope::Call {
+            message,
+            reply,
+            via: Via::Routed,
+        };
+        self.deliver_local(module, key, envelope)?;
         let reply = match tokio::time::timeout(timeout, rx).await {
             Err(_) => return Err(Error::Timeout(timeout)),
             Ok(Err(_)) => return Err(Error::KeyDied("the key process went away".to_owned())),
@@ -492,11 +518,17 @@ impl NodeShared {
     fn fence(&self, cause: &str) {
         lock(&self.lease).fence_now(self.clock.now());
         *lock(&self.leader_term) = None;
+        // Forget the table: after a rejoin every partition this node gets is
+        // initialized anew (and its survivors reaped first).
+        *self
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            OwnershipTable::new(self.config.partition_count());
         let killed: usize = self
             .slots()
             .iter()
-            .filter(|slot| slot.current().options.on_fence == OnFence::Terminate)
-            .map(|slot| slot.kill_where("the node fenced", |_| true))
+            .map(|slot| slot.fence_keys(&self.limbo))
             .sum();
         // Running guests notice the kill flag at their next epoch check.
         self.runtime.engine.increment_epoch();
@@ -701,6 +733,7 @@ impl InstanceBuilder {
             None => None,
         };
         let runtime = Runtime::new(&config)?;
+        let limbo = Limbo::start(runtime.engine.clone());
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
             table: RwLock::new(OwnershipTable::new(config.partition_count())),
@@ -714,6 +747,7 @@ impl InstanceBuilder {
             runtime,
             pubsub: PubSub::default(),
             tasks: TaskTracker::new(),
+            limbo,
             clock,
             arbiter,
             members: RwLock::new(HashMap::new()),
@@ -728,6 +762,7 @@ impl InstanceBuilder {
             moving: tokio::sync::Mutex::new(()),
             leaving: std::sync::atomic::AtomicBool::new(false),
             sync_now: tokio::sync::Notify::new(),
+            coordination_crash: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
         });
         for (name, wasm, options) in self.modules {
@@ -977,6 +1012,69 @@ impl Instance {
         Ok(())
     }
 
+    /// The survivors in this node's limbo (`continue`/`callback` keys that
+    /// outlived a fence).
+    pub async fn limbo(&self) -> Vec<LimboEntry> {
+        self.shared.limbo.entries().await
+    }
+
+    /// Call a key through a *local handle* on this node: unlike
+    /// [`Instance::call`] it is not routed, so it also reaches a survivor in
+    /// limbo. This is the fence-mode page's "anything holding their handle
+    /// can still talk to them" — outside guarantee 2 by construction.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownModule`] style errors: the key has no live process or
+    /// survivor on this node, its mailbox is full, or it died.
+    pub async fn call_local_handle(
+        &self,
+        module: &str,
+        key: &str,
+        message: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let shared = &self.shared;
+        shared.check_message(&message)?;
+        let mailbox = match shared.limbo.mailbox(module, key).await {
+            Some(mailbox) => mailbox,
+            None => shared.module(module)?.mailbox(key).ok_or_else(|| {
+                Error::KeyDied(format!("no live process of {module}/{key} on this node"))
+            })?,
+        };
+        let (reply, rx) = oneshot::channel();
+        let envelope = Envelope::Call {
+            message,
+            reply,
+            via: Via::LocalHandle,
+        };
+        mailbox.try_send(envelope).map_err(|_| Error::Overloaded {
+            module: module.to_owned(),
+            key: key.to_owned(),
+            depth: mailbox.max_capacity(),
+        })?;
+        let timeout = shared.config.call_timeout;
+        match tokio::time::timeout(timeout, rx).await {
+            Err(_) => Err(Error::Timeout(timeout)),
+            Ok(Err(_)) => Err(Error::KeyDied("the key process went away".to_owned())),
+            Ok(Ok(reply)) => reply,
+        }
+    }
+
+    /// Make limbo's bookkeeper crash (fault injection: contract §5 row 7).
+    /// Its survivors die with it.
+    pub fn inject_limbo_crash(&self) {
+        self.shared.limbo.crash();
+    }
+
+    /// Make the coordination loop crash (fault injection: contract §5 row
+    /// 6). The node fences; survivors in limbo live on.
+    pub fn inject_coordination_crash(&self) {
+        self.shared
+            .coordination_crash
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shared.sync_now.notify_one();
+    }
+
     /// Ask the program hosting this node to stop it (the HTTP API does this
     /// after `POST /v1/leave`).
     pub fn request_stop(&self) {
@@ -1022,6 +1120,7 @@ impl Instance {
         for slot in self.shared.slots() {
             slot.kill_where("the node crashed", |_| true);
         }
+        self.shared.limbo.kill_all().await;
         self.shared.runtime.engine.increment_epoch();
         self.shared.tasks.close();
         self.shared.tasks.wait().await;
@@ -1056,6 +1155,9 @@ impl Instance {
             }
             self.shared.runtime.engine.increment_epoch();
         }
+        // Survivors die with the instance (after the drain, which does not
+        // touch limbo).
+        self.shared.limbo.kill_all().await;
         self.shared.tasks.close();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.shared.tasks.wait()).await;
         tracing::info!(node = %self.shared.node_id, "node stopped");
@@ -1105,6 +1207,12 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
         let lease_id = join(&shared, &ns).await;
         *lock(&shared.lease_id) = Some(lease_id);
         loop {
+            assert!(
+                !shared
+                    .coordination_crash
+                    .load(std::sync::atomic::Ordering::SeqCst),
+                "coordination crash injected"
+            );
             if !lock(&shared.lease).status(shared.clock.now()).is_current() {
                 shared.fence("the lease could not be renewed before the fence point");
                 break;
