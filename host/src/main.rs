@@ -229,8 +229,24 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
     }
     let stop = instance.clone();
     let shutdown = async move {
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let terminate = async move {
+            match sigterm.as_mut() {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let signal = async {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminate => {}
+            }
+        };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {
+            () = signal => {
                 // A graceful shutdown leaves the cluster first, so keys hand
                 // off instead of waiting for the lease to expire.
                 if stop.has_peers()
