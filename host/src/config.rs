@@ -170,7 +170,14 @@ impl NodeConfig {
             ));
         }
         // The default module options must fit this node, or nothing deploys.
-        ModuleOptions::default().validate_for(self, &timing)
+        ModuleOptions::default()
+            .validate_for(self, &timing)
+            .map_err(|e| match e {
+                Error::InvalidOptions(why) => Error::Config(format!(
+                    "the default module options do not fit this node: {why}"
+                )),
+                other => other,
+            })
     }
 
     /// The partition count, as the core's type.

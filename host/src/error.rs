@@ -121,6 +121,9 @@ pub enum Error {
     /// A configuration value cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The HTTP endpoint exists but not with this method.
+    #[error("{0}; see the API table in docs/design.md")]
+    MethodNotAllowed(String),
     /// No such HTTP endpoint.
     #[error("no such endpoint: {0}; see the API table in docs/design.md")]
     NoSuchEndpoint(String),
@@ -154,6 +157,7 @@ impl Error {
             Error::ShuttingDown => "shutting_down",
             Error::Config(_) => "invalid_config",
             Error::NoSuchEndpoint(_) => "no_such_endpoint",
+            Error::MethodNotAllowed(_) => "method_not_allowed",
             Error::Internal(_) => "internal",
         }
     }
@@ -169,6 +173,7 @@ impl Error {
             Error::MessageTooLarge { .. } => 413,
             Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
             Error::Deadlock => 409,
+            Error::MethodNotAllowed(_) => 405,
             Error::Overloaded { .. } | Error::TooManyKeys { .. } => 429,
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } => 502,

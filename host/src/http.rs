@@ -106,10 +106,16 @@ fn key_path(
 
 async fn deploy(
     State(instance): State<Arc<Instance>>,
-    Path(name): Path<String>,
-    Query(options): Query<Vec<(String, String)>>,
+    name: Result<Path<String>, PathRejection>,
+    options: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
+    let Query(options) = options
+        .map_err(|e| Error::InvalidOptions(format!("the query string is malformed: {e}")))?;
+    let Path(name) = name.map_err(|e| Error::InvalidModuleName {
+        name: String::new(),
+        why: format!("the module name in the path must be valid percent-encoded UTF-8: {e}"),
+    })?;
     let options = ModuleOptions::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let wasm = read_body(body, MAX_MODULE_BYTES).await.map_err(|_| {
         Error::InvalidModule(format!(

@@ -869,13 +869,22 @@ async fn run_key(
                 continue;
             }
         }
+        let mut waiting = None;
         let outcome = tokio::select! {
             biased;
             () = control.killed() => None,
-            outcome = dispatch(&mut process, envelope) => Some(outcome),
+            outcome = dispatch(&mut process, envelope, &mut waiting) => Some(outcome),
         };
         match outcome {
-            None => break Exit::Killed,
+            None => {
+                if let Some(waiting) = waiting {
+                    waiting.fail(Error::KeyDied(format!(
+                        "killed: {}",
+                        control.reason().unwrap_or_default()
+                    )));
+                }
+                break Exit::Killed;
+            }
             Some(Step::Continue) => {}
             Some(Step::Stopped) => break Exit::Stopped,
             Some(Step::Died(why)) => break Exit::Died(why),
@@ -914,19 +923,48 @@ enum Step {
     Died(String),
 }
 
-/// Process one envelope.
-async fn dispatch(process: &mut KeyProcess, envelope: Envelope) -> Step {
+/// The sender waiting on the envelope being processed, kept outside the
+/// processing future so that a kill can still answer it with the reason.
+enum Waiting {
+    Call(oneshot::Sender<Result<Vec<u8>>>),
+    Stop(oneshot::Sender<Result<Option<Vec<u8>>>>),
+}
+
+impl Waiting {
+    fn fail(self, error: Error) {
+        match self {
+            Waiting::Call(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Waiting::Stop(reply) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
+
+/// Process one envelope. Its waiting sender goes into `waiting` and is
+/// answered from there, so if this future is dropped (the key was killed)
+/// the loop answers it instead.
+async fn dispatch(process: &mut KeyProcess, envelope: Envelope, waiting: &mut Option<Waiting>) -> Step {
     match envelope {
-        Envelope::Call { message, reply, .. } => match process.handle_call(&message).await {
-            Ok(result) => {
-                let _ = reply.send(result.map_err(Error::Rejected));
-                Step::Continue
+        Envelope::Call { message, reply, .. } => {
+            *waiting = Some(Waiting::Call(reply));
+            let outcome = process.handle_call(&message).await;
+            let Some(Waiting::Call(reply)) = waiting.take() else {
+                unreachable!("set above")
+            };
+            match outcome {
+                Ok(result) => {
+                    let _ = reply.send(result.map_err(Error::Rejected));
+                    Step::Continue
+                }
+                Err(Death(why)) => {
+                    let _ = reply.send(Err(Error::KeyDied(why.clone())));
+                    Step::Died(why)
+                }
             }
-            Err(Death(why)) => {
-                let _ = reply.send(Err(Error::KeyDied(why.clone())));
-                Step::Died(why)
-            }
-        },
+        }
         Envelope::Cast { message } => match process.handle_cast(&message).await {
             Ok(()) => Step::Continue,
             Err(Death(why)) => Step::Died(why),
@@ -936,18 +974,25 @@ async fn dispatch(process: &mut KeyProcess, envelope: Envelope) -> Step {
             Err(Death(why)) => Step::Died(why),
         },
         Envelope::Stop { reason, reply } => {
+            *waiting = Some(Waiting::Stop(reply));
             let state = if matches!(reason, StopReason::Handoff) {
                 match process.handoff().await {
                     Ok(state) => state,
                     Err(Death(why)) => {
-                        let _ = reply.send(Err(Error::KeyDied(why.clone())));
+                        if let Some(w) = waiting.take() {
+                            w.fail(Error::KeyDied(why.clone()));
+                        }
                         return Step::Died(why);
                     }
                 }
             } else {
                 None
             };
-            match process.terminate(&reason).await {
+            let outcome = process.terminate(&reason).await;
+            let Some(Waiting::Stop(reply)) = waiting.take() else {
+                unreachable!("set above")
+            };
+            match outcome {
                 Ok(()) => {
                     let _ = reply.send(Ok(state));
                     Step::Stopped

@@ -68,6 +68,8 @@ pub(crate) struct NodeShared {
     pub(crate) leaving: std::sync::atomic::AtomicBool,
     /// Wakes the coordination loop to refresh the table now.
     sync_now: tokio::sync::Notify,
+    /// Whether the current lease has been fenced (reset on join).
+    fenced_this_lease: std::sync::atomic::AtomicBool,
     /// Fault injection: the coordination loop panics when it sees this.
     coordination_crash: std::sync::atomic::AtomicBool,
     /// Set when someone asked the node's host program to stop (after a
@@ -516,6 +518,14 @@ impl NodeShared {
     /// Fence: from now on nothing is served, and every `terminate` key is
     /// killed. Idempotent.
     fn fence(&self, cause: &str) {
+        // Once per lease: `fence_now` and the loop noticing the fenced lease
+        // are one fence, not two.
+        if self
+            .fenced_this_lease
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
         lock(&self.lease).fence_now(self.clock.now());
         *lock(&self.leader_term) = None;
         // Forget the table: after a rejoin every partition this node gets is
@@ -763,6 +773,7 @@ impl InstanceBuilder {
             leaving: std::sync::atomic::AtomicBool::new(false),
             sync_now: tokio::sync::Notify::new(),
             coordination_crash: std::sync::atomic::AtomicBool::new(false),
+            fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
         });
         for (name, wasm, options) in self.modules {
@@ -1206,6 +1217,9 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
     loop {
         let lease_id = join(&shared, &ns).await;
         *lock(&shared.lease_id) = Some(lease_id);
+        shared
+            .fenced_this_lease
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         loop {
             assert!(
                 !shared
@@ -1213,37 +1227,61 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
                     .load(std::sync::atomic::Ordering::SeqCst),
                 "coordination crash injected"
             );
-            if !lock(&shared.lease).status(shared.clock.now()).is_current() {
+            let status = lock(&shared.lease).status(shared.clock.now());
+            let LeaseStatus::Current { fence_point } = status else {
                 shared.fence("the lease could not be renewed before the fence point");
                 break;
-            }
-            sync_table(&shared, &ns, lease_id).await;
-            ready.send_replace(true);
-            // Sleep until the next renewal, waking at the fence point if that
-            // comes first.
-            let (next_renewal, fence_point) = {
-                let lease = lock(&shared.lease);
-                (lease.next_renewal_at(), lease.fence_point())
             };
-            let wake = fence_point.map_or(next_renewal, |f| f.min(next_renewal));
-            tokio::select! {
-                () = shared.clock.sleep_until(wake) => {}
-                () = shared.sync_now.notified() => continue,
-            }
-            if shared.clock.now() < next_renewal {
-                continue;
-            }
-            if let Err(ArbiterError::LeaseExpired(_)) =
-                renew(&shared, &ns, lease_id, renew_interval).await
-            {
-                shared.fence("the arbiter says the lease expired");
-                break;
+            // Everything a round does races the fence point: a slow or
+            // silent arbiter can delay a renewal, never the fence.
+            let round = async {
+                if shared.clock.now() >= lock(&shared.lease).next_renewal_at()
+                    && let Err(ArbiterError::LeaseExpired(_)) =
+                        renew(&shared, &ns, lease_id, renew_interval).await
+                {
+                    return Round::Expired;
+                }
+                sync_table(&shared, &ns, lease_id).await;
+                ready.send_replace(true);
+                let next_renewal = lock(&shared.lease).next_renewal_at();
+                tokio::select! {
+                    () = shared.clock.sleep_until(next_renewal) => {}
+                    () = shared.sync_now.notified() => {}
+                }
+                Round::Again
+            };
+            let outcome = tokio::select! {
+                biased;
+                () = shared.clock.sleep_until(fence_point) => Round::FencePoint,
+                outcome = round => outcome,
+            };
+            match outcome {
+                Round::Again => {}
+                Round::FencePoint => {
+                    shared.fence("the lease could not be renewed before the fence point");
+                    break;
+                }
+                Round::Expired => {
+                    shared.fence("the arbiter says the lease expired");
+                    break;
+                }
             }
         }
         *lock(&shared.lease_id) = None;
         // Rejoin with a fresh lease.
-        *lock(&shared.lease) = Lease::new(*lock(&shared.lease).timing());
+        let timing = *lock(&shared.lease).timing();
+        *lock(&shared.lease) = Lease::new(timing);
     }
+}
+
+/// How one round of the coordination loop ended.
+enum Round {
+    /// Renewed (or not yet due) and synced; go on.
+    Again,
+    /// The fence point came first.
+    FencePoint,
+    /// The arbiter refused the renewal: the lease is gone.
+    Expired,
 }
 
 /// Register a fresh lease, retrying every renewal interval.

@@ -340,6 +340,12 @@ impl PeerPool {
         request: PeerRequest,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
+        if lock(&self.cut).contains(addr) {
+            return Err(Error::OwnerUnreachable {
+                owner: addr.to_owned(),
+                why: "the link to it is cut".to_owned(),
+            });
+        }
         let conn = self.connection(addr).await?;
         let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();

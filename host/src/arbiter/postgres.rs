@@ -65,7 +65,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct PostgresArbiter {
     url: String,
     partitions: PartitionCount,
+    /// For leases only, so a renewal never waits behind a table change.
+    lease_client: Mutex<Option<Client>>,
+    /// For everything else.
     client: Mutex<Option<Client>>,
+}
+
+/// Which of the arbiter's two connections a statement uses.
+#[derive(Clone, Copy)]
+enum Conn {
+    Lease,
+    Table,
 }
 
 fn unreachable(e: impl std::fmt::Display) -> ArbiterError {
@@ -102,9 +112,10 @@ impl PostgresArbiter {
         let arbiter = PostgresArbiter {
             url: url.to_owned(),
             partitions,
+            lease_client: Mutex::new(None),
             client: Mutex::new(None),
         };
-        let mut guard = arbiter.client().await?;
+        let mut guard = arbiter.client(Conn::Table).await?;
         let client = guard.as_mut().expect("connected");
         let tx = client.transaction().await.map_err(unreachable)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
@@ -142,8 +153,14 @@ impl PostgresArbiter {
     }
 
     /// The connection, reconnecting if the last one broke.
-    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, ArbiterError> {
-        let mut guard = self.client.lock().await;
+    async fn client(
+        &self,
+        conn: Conn,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, ArbiterError> {
+        let mut guard = match conn {
+            Conn::Lease => self.lease_client.lock().await,
+            Conn::Table => self.client.lock().await,
+        };
         if guard.as_ref().is_none_or(Client::is_closed) {
             let mut config: tokio_postgres::Config = self.url.parse().map_err(|e| {
                 ArbiterError::Refused(format!(
@@ -170,9 +187,10 @@ impl PostgresArbiter {
     /// the next call reconnects.
     async fn with<T>(
         &self,
+        conn: Conn,
         f: impl AsyncFnOnce(&mut Client) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, ArbiterError> {
-        let mut guard = self.client().await?;
+        let mut guard = self.client(conn).await?;
         let client = guard.as_mut().expect("connected");
         match f(client).await {
             Ok(v) => Ok(v),
@@ -230,7 +248,7 @@ impl Arbiter for PostgresArbiter {
         Box::pin(async move {
             let ttl_ms = ttl.as_millis() as i64;
             let row = self
-                .with(async |c| {
+                .with(Conn::Lease, async |c| {
                     c.query_opt(
                         "INSERT INTO fief_leases (namespace, node_id, lease_id, ttl_ms, peer_addr, expires_at)
                          VALUES ($1, $2, nextval('fief_lease_ids'), $3::bigint, $4, clock_timestamp() + $3::bigint * interval '1 millisecond')
@@ -262,7 +280,7 @@ impl Arbiter for PostgresArbiter {
     ) -> ArbiterFuture<'a, ()> {
         Box::pin(async move {
             let updated = self
-                .with(async |c| {
+                .with(Conn::Lease, async |c| {
                     c.execute(
                         "UPDATE fief_leases SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
                          WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()",
@@ -286,7 +304,7 @@ impl Arbiter for PostgresArbiter {
         lease: LeaseId,
     ) -> ArbiterFuture<'a, ()> {
         Box::pin(async move {
-            self.with(async |c| {
+            self.with(Conn::Lease, async |c| {
                 c.execute(
                     "UPDATE fief_leases SET expires_at = clock_timestamp()
                      WHERE namespace = $1 AND node_id = $2 AND lease_id = $3",
@@ -307,7 +325,7 @@ impl Arbiter for PostgresArbiter {
     ) -> ArbiterFuture<'a, ()> {
         Box::pin(async move {
             let updated = self
-                .with(async |c| {
+                .with(Conn::Lease, async |c| {
                     c.execute(
                         "UPDATE fief_leases SET leaving = true
                          WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()",
@@ -334,7 +352,7 @@ impl Arbiter for PostgresArbiter {
         Box::pin(async move {
             let partitions = self.partitions;
             let outcome = self
-                .with(async |c| {
+                .with(Conn::Table, async |c| {
                     let tx = c.transaction().await?;
                     let epoch: i64 = tx
                         .query_one("SELECT epoch FROM fief_namespaces WHERE namespace = $1 FOR UPDATE", &[&namespace])
@@ -352,21 +370,24 @@ impl Arbiter for PostgresArbiter {
                         return Ok(Err(ArbiterError::LeaseExpired(lease)));
                     }
                     let next = epoch + 1;
-                    for (partition, to) in &moves {
-                        let n = tx
-                            .execute(
-                                "UPDATE fief_partitions SET node_id = $4, token = $5
-                                 WHERE namespace = $1 AND partition = $2 AND node_id = $3
-                                 AND EXISTS (SELECT 1 FROM fief_leases l WHERE l.namespace = $1 AND l.node_id = $4
-                                             AND l.expires_at > clock_timestamp())",
-                                &[&namespace, &(partition.0 as i32), &from.as_str(), &to.as_str(), &next],
-                            )
-                            .await?;
-                        if n != 1 {
-                            return Ok(Err(ArbiterError::Refused(format!(
-                                "{from} cannot hand {partition} to {to}: it does not own it, or {to} has no current lease"
-                            ))));
-                        }
+                    let wanted: Vec<i32> = moves.iter().map(|(p, _)| p.0 as i32).collect();
+                    let targets: Vec<&str> = moves.iter().map(|(_, to)| to.as_str()).collect();
+                    // One statement for the whole batch: a move applies only
+                    // if `from` owns the partition and the target is live.
+                    let moved = tx
+                        .execute(
+                            "UPDATE fief_partitions p SET node_id = m.target, token = $5
+                             FROM unnest($2::int[], $3::text[]) AS m(partition, target)
+                             WHERE p.namespace = $1 AND p.partition = m.partition AND p.node_id = $4
+                             AND EXISTS (SELECT 1 FROM fief_leases l WHERE l.namespace = $1
+                                         AND l.node_id = m.target AND l.expires_at > clock_timestamp())",
+                            &[&namespace, &wanted, &targets, &from.as_str(), &next],
+                        )
+                        .await?;
+                    if moved as usize != moves.len() {
+                        return Ok(Err(ArbiterError::Refused(format!(
+                            "{from} cannot hand off these partitions: it does not own all of them, or a target has no current lease"
+                        ))));
                     }
                     tx.execute("UPDATE fief_namespaces SET epoch = $2 WHERE namespace = $1", &[&namespace, &next])
                         .await?;
@@ -375,16 +396,18 @@ impl Arbiter for PostgresArbiter {
                 })
                 .await?;
             outcome?;
-            self.with(async |c| Self::read_table(c, namespace, partitions).await)
-                .await?
-                .map_err(ArbiterError::Refused)
+            self.with(Conn::Table, async |c| {
+                Self::read_table(c, namespace, partitions).await
+            })
+            .await?
+            .map_err(ArbiterError::Refused)
         })
     }
 
     fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
         Box::pin(async move {
             let rows = self
-                .with(async |c| {
+                .with(Conn::Table, async |c| {
                     c.query(
                         "SELECT node_id, peer_addr, leaving FROM fief_leases
                          WHERE namespace = $1 AND expires_at > clock_timestamp() ORDER BY node_id",
@@ -412,7 +435,7 @@ impl Arbiter for PostgresArbiter {
     ) -> ArbiterFuture<'a, Option<Term>> {
         Box::pin(async move {
             self
-                .with(async |c| {
+                .with(Conn::Table, async |c| {
                     let tx = c.transaction().await?;
                     let row = tx
                         .query_one(
@@ -455,9 +478,11 @@ impl Arbiter for PostgresArbiter {
     fn table<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, OwnershipTable> {
         Box::pin(async move {
             let partitions = self.partitions;
-            self.with(async |c| Self::read_table(c, namespace, partitions).await)
-                .await?
-                .map_err(ArbiterError::Refused)
+            self.with(Conn::Table, async |c| {
+                Self::read_table(c, namespace, partitions).await
+            })
+            .await?
+            .map_err(ArbiterError::Refused)
         })
     }
 
@@ -470,7 +495,7 @@ impl Arbiter for PostgresArbiter {
         Box::pin(async move {
             let partitions = self.partitions;
             let outcome = self
-                .with(async |c| {
+                .with(Conn::Table, async |c| {
                     let tx = c.transaction().await?;
                     let row = tx
                         .query_one(
@@ -501,7 +526,6 @@ impl Arbiter for PostgresArbiter {
                         held_by.insert(r.get::<_, i32>(0), r.get::<_, String>(1));
                     }
                     let next = epoch + 1;
-                    let mut changed = false;
                     for (partition, node) in &changes {
                         let owner = held_by.get(&(partition.0 as i32));
                         if owner.is_some_and(|o| Some(o.as_str()) != node.as_ref().map(NodeId::as_str)) {
@@ -510,19 +534,23 @@ impl Arbiter for PostgresArbiter {
                                 owner.map(String::as_str).unwrap_or("?")
                             ))));
                         }
-                        if owner.is_some() {
-                            continue;
-                        }
-                        let n = tx
-                            .execute(
-                                "INSERT INTO fief_partitions (namespace, partition, node_id, token) VALUES ($1, $2, $3, $4)
-                                 ON CONFLICT (namespace, partition) DO UPDATE SET node_id = EXCLUDED.node_id, token = EXCLUDED.token
-                                 WHERE fief_partitions.node_id IS DISTINCT FROM EXCLUDED.node_id",
-                                &[&namespace, &(partition.0 as i32), &node.as_ref().map(NodeId::as_str), &next],
-                            )
-                            .await?;
-                        changed |= n > 0;
                     }
+                    let (parts, nodes): (Vec<i32>, Vec<Option<&str>>) = changes
+                        .iter()
+                        .filter(|(p, _)| !held_by.contains_key(&(p.0 as i32)))
+                        .map(|(p, n)| (p.0 as i32, n.as_ref().map(NodeId::as_str)))
+                        .unzip();
+                    // One statement for the whole change, however many partitions.
+                    let n = tx
+                        .execute(
+                            "INSERT INTO fief_partitions (namespace, partition, node_id, token)
+                             SELECT $1, c.partition, c.node_id, $4 FROM unnest($2::int[], $3::text[]) AS c(partition, node_id)
+                             ON CONFLICT (namespace, partition) DO UPDATE SET node_id = EXCLUDED.node_id, token = EXCLUDED.token
+                             WHERE fief_partitions.node_id IS DISTINCT FROM EXCLUDED.node_id",
+                            &[&namespace, &parts, &nodes, &next],
+                        )
+                        .await?;
+                    let changed = n > 0;
                     if changed {
                         tx.execute("UPDATE fief_namespaces SET epoch = $2 WHERE namespace = $1", &[&namespace, &next])
                             .await?;
@@ -532,9 +560,11 @@ impl Arbiter for PostgresArbiter {
                 })
                 .await?;
             outcome?;
-            self.with(async |c| Self::read_table(c, namespace, partitions).await)
-                .await?
-                .map_err(ArbiterError::Refused)
+            self.with(Conn::Table, async |c| {
+                Self::read_table(c, namespace, partitions).await
+            })
+            .await?
+            .map_err(ArbiterError::Refused)
         })
     }
 }
