@@ -946,7 +946,11 @@ impl Waiting {
 /// Process one envelope. Its waiting sender goes into `waiting` and is
 /// answered from there, so if this future is dropped (the key was killed)
 /// the loop answers it instead.
-async fn dispatch(process: &mut KeyProcess, envelope: Envelope, waiting: &mut Option<Waiting>) -> Step {
+async fn dispatch(
+    process: &mut KeyProcess,
+    envelope: Envelope,
+    waiting: &mut Option<Waiting>,
+) -> Step {
     match envelope {
         Envelope::Call { message, reply, .. } => {
             *waiting = Some(Waiting::Call(reply));

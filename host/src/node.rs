@@ -923,7 +923,13 @@ impl Instance {
         let shared = &self.shared;
         let now = shared.clock.now();
         let lease = shared.lease_status();
+        let rejoining = shared
+            .fenced_this_lease
+            .load(std::sync::atomic::Ordering::SeqCst);
         let (state, remaining) = match lease {
+            // Between a fence and the next lease grant the node is fenced,
+            // however its fresh (pending) lease reads.
+            LeaseStatus::Pending if rejoining => (LeaseState::Fenced, 0),
             LeaseStatus::Pending => (LeaseState::Pending, 0),
             LeaseStatus::Current { fence_point } => (
                 LeaseState::Current,

@@ -141,6 +141,16 @@ impl Arbiter for LocalArbiter {
                     "node {node2} already holds a current lease; a node id must be unique in its namespace"
                 )));
             }
+            // A new lease owns nothing yet: partitions still listed under
+            // this node's previous (dead) lease go back to the leader, who
+            // gives them out anew with fresh tokens.
+            let stale: Vec<_> = ns
+                .table
+                .iter()
+                .filter(|(_, owner)| owner.is_some_and(|a| a.node == node2))
+                .map(|(p, _)| (p, None))
+                .collect();
+            ns.table.reassign(stale);
             ns.leases.insert(
                 node2,
                 LeaseRecord {

@@ -249,7 +249,8 @@ impl Arbiter for PostgresArbiter {
             let ttl_ms = ttl.as_millis() as i64;
             let row = self
                 .with(Conn::Lease, async |c| {
-                    c.query_opt(
+                    let tx = c.transaction().await?;
+                    let row = tx.query_opt(
                         "INSERT INTO fief_leases (namespace, node_id, lease_id, ttl_ms, peer_addr, expires_at)
                          VALUES ($1, $2, nextval('fief_lease_ids'), $3::bigint, $4, clock_timestamp() + $3::bigint * interval '1 millisecond')
                          ON CONFLICT (namespace, node_id) DO UPDATE
@@ -260,7 +261,24 @@ impl Arbiter for PostgresArbiter {
                          RETURNING lease_id",
                         &[&namespace, &node.as_str(), &ttl_ms, &peer_addr],
                     )
-                    .await
+                    .await?;
+                    if row.is_some() {
+                        // A new lease owns nothing yet: partitions still
+                        // listed under this node's previous (dead) lease go
+                        // back to the leader, who gives them out anew.
+                        tx.execute(
+                            "WITH bumped AS (
+                                 UPDATE fief_namespaces SET epoch = epoch + 1 WHERE namespace = $1
+                                 AND EXISTS (SELECT 1 FROM fief_partitions WHERE namespace = $1 AND node_id = $2)
+                                 RETURNING epoch)
+                             UPDATE fief_partitions SET node_id = NULL, token = (SELECT epoch FROM bumped)
+                             WHERE namespace = $1 AND node_id = $2",
+                            &[&namespace, &node.as_str()],
+                        )
+                        .await?;
+                    }
+                    tx.commit().await?;
+                    Ok(row)
                 })
                 .await?;
             match row {
