@@ -34,4 +34,6 @@ pub use error::{Error, Result};
 pub use fief_core as core;
 pub use key::{KeyLife, KeyLifeEvent, LiveKey};
 pub use limbo::LimboEntry;
-pub use node::{Instance, InstanceBuilder, KeyLifeObserver, LeaseState, ModuleInfo, Status};
+pub use node::{
+    Instance, InstanceBuilder, KeyLifeObserver, LeaseState, ModuleInfo, NodeStatus, Status,
+};

@@ -419,6 +419,25 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         "  partitions: {} of {} owned, table epoch {}, leader term {}",
         status["partitions_owned"], status["partitions"], status["epoch"], status["leader_term"]
     );
+    for node in status["nodes"].as_array().into_iter().flatten() {
+        println!(
+            "  node {:<12} {:<22} {:>6} partitions, lease {:>5} ms left{}{}",
+            node["id"].as_str().unwrap_or("?"),
+            node["peer_addr"].as_str().unwrap_or("-"),
+            node["partitions"],
+            node["lease_remaining_ms"],
+            if node["leader"].as_bool() == Some(true) {
+                ", leader"
+            } else {
+                ""
+            },
+            if node["leaving"].as_bool() == Some(true) {
+                ", leaving"
+            } else {
+                ""
+            },
+        );
+    }
     println!(
         "  live keys: {}, topics: {}",
         status["live_keys"], status["topics"]

@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 
-use crate::arbiter::{Arbiter, ArbiterError, LeaseId, LocalArbiter, PostgresArbiter, Term};
+use crate::arbiter::{Arbiter, ArbiterError, LeaseId, LocalArbiter, Member, PostgresArbiter, Term};
 use crate::bindings::types::StopReason;
 use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig, validate_key, validate_module_name};
@@ -45,8 +45,8 @@ pub(crate) struct NodeShared {
     pub(crate) limbo: Limbo,
     clock: Arc<dyn NodeClock>,
     arbiter: Arc<dyn Arbiter>,
-    /// Live members and where their peers reach them, per the arbiter.
-    members: RwLock<HashMap<NodeId, Option<String>>>,
+    /// Live members as the arbiter last reported them.
+    members: RwLock<BTreeMap<NodeId, Member>>,
     peers: PeerPool,
     peer_addr: Option<String>,
     lease: Mutex<Lease>,
@@ -311,8 +311,7 @@ impl NodeShared {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(owner)
-            .cloned()
-            .flatten()
+            .and_then(|m| m.peer_addr.clone())
             .ok_or_else(|| Error::OwnerUnreachable {
                 owner: owner.to_string(),
                 why: "the arbiter lists no peer address for it".to_owned(),
@@ -620,6 +619,23 @@ pub struct ModuleInfo {
     pub options: ModuleOptions,
 }
 
+/// A live node of the namespace, as `status` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStatus {
+    /// Its id.
+    pub id: String,
+    /// Where its peers reach it.
+    pub peer_addr: Option<String>,
+    /// Whether it leads.
+    pub leader: bool,
+    /// Whether it is leaving.
+    pub leaving: bool,
+    /// Time left on its lease as the arbiter judged it (when last polled).
+    pub lease_remaining_ms: u128,
+    /// Partitions it owns per this node's table.
+    pub partitions: usize,
+}
+
 /// A snapshot of a node, for `fief status` and `GET /v1/status`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Status {
@@ -643,8 +659,9 @@ pub struct Status {
     pub fences: u64,
     /// Whether the node is leaving the cluster.
     pub leaving: bool,
-    /// Live members of the namespace this node knows of.
-    pub members: Vec<String>,
+    /// The live nodes of the namespace, as this node last heard from the
+    /// arbiter.
+    pub nodes: Vec<NodeStatus>,
     /// Live key processes on this node.
     pub live_keys: usize,
     /// Topics with subscribers on this node.
@@ -760,7 +777,7 @@ impl InstanceBuilder {
             limbo,
             clock,
             arbiter,
-            members: RwLock::new(HashMap::new()),
+            members: RwLock::new(BTreeMap::new()),
             peer_addr,
             leader_term: Mutex::new(None),
             modules: RwLock::new(HashMap::new()),
@@ -951,17 +968,20 @@ impl Instance {
             partitions_owned: table.count_owned_by(&shared.node_id),
             fences: *lock(&shared.fences),
             leaving: shared.leaving.load(std::sync::atomic::Ordering::SeqCst),
-            members: {
-                let mut m: Vec<String> = shared
-                    .members
-                    .read()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .keys()
-                    .map(|n| n.to_string())
-                    .collect();
-                m.sort();
-                m
-            },
+            nodes: shared
+                .members
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .map(|m| NodeStatus {
+                    id: m.node.to_string(),
+                    peer_addr: m.peer_addr.clone(),
+                    leader: m.leader,
+                    leaving: m.leaving,
+                    lease_remaining_ms: m.lease_remaining.as_millis(),
+                    partitions: table.count_owned_by(&m.node),
+                })
+                .collect(),
             live_keys: modules.iter().map(|m| m.live_keys).sum(),
             topics: shared.pubsub.topic_count(),
             modules,
@@ -1434,7 +1454,7 @@ async fn sync_table(shared: &Arc<NodeShared>, ns: &str, lease_id: LeaseId) {
             .members
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            members.into_iter().map(|m| (m.node, m.peer_addr)).collect();
+            members.into_iter().map(|m| (m.node.clone(), m)).collect();
     }
     shared.refresh_table().await;
 }

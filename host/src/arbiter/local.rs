@@ -252,7 +252,9 @@ impl Arbiter for LocalArbiter {
 
     fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
         self.with(namespace, None, move |state, now| {
-            Ok(ns(state, namespace)
+            let ns = ns(state, namespace);
+            let leader = ns.leader.clone();
+            Ok(ns
                 .leases
                 .iter()
                 .filter(|(_, r)| r.is_current(now))
@@ -260,6 +262,8 @@ impl Arbiter for LocalArbiter {
                     node: node.clone(),
                     peer_addr: r.peer_addr.clone(),
                     leaving: r.leaving,
+                    leader: leader.as_ref() == Some(&(node.clone(), r.id)),
+                    lease_remaining: (r.committed_at + r.ttl).saturating_duration_since(now),
                 })
                 .collect())
         })

@@ -40,6 +40,10 @@ pub struct Member {
     pub peer_addr: Option<String>,
     /// The node is leaving: it gets no partitions and hands off its own.
     pub leaving: bool,
+    /// The node holds the leadership.
+    pub leader: bool,
+    /// Time left on its lease, as the arbiter judges it.
+    pub lease_remaining: Duration,
 }
 
 /// Why the arbiter refused or could not answer.

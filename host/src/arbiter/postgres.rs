@@ -427,8 +427,11 @@ impl Arbiter for PostgresArbiter {
             let rows = self
                 .with(Conn::Table, async |c| {
                     c.query(
-                        "SELECT node_id, peer_addr, leaving FROM fief_leases
-                         WHERE namespace = $1 AND expires_at > clock_timestamp() ORDER BY node_id",
+                        "SELECT l.node_id, l.peer_addr, l.leaving,
+                                COALESCE(n.leader_node = l.node_id AND n.leader_lease = l.lease_id, false),
+                                (EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp())) * 1000)::bigint
+                         FROM fief_leases l JOIN fief_namespaces n USING (namespace)
+                         WHERE l.namespace = $1 AND l.expires_at > clock_timestamp() ORDER BY l.node_id",
                         &[&namespace],
                     )
                     .await
@@ -440,6 +443,8 @@ impl Arbiter for PostgresArbiter {
                     node: NodeId::new(r.get::<_, String>(0)),
                     peer_addr: r.get(1),
                     leaving: r.get(2),
+                    leader: r.get(3),
+                    lease_remaining: Duration::from_millis(r.get::<_, i64>(4).max(0) as u64),
                 })
                 .collect())
         })
