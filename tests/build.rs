@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// Guest packages the tests need.
-const GUESTS: &[&str] = &["counter", "room", "probe", "spin", "bomb"];
+const GUESTS: &[&str] = &["counter", "room", "probe", "spin", "bomb", "quiet"];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());

@@ -21,6 +21,6 @@ wasmtime::component::bindgen!({
     },
 });
 
-pub use exports::fief::key::lifecycle;
-pub use fief::key::host;
-pub use fief::key::types;
+pub use self::exports::fief::key::lifecycle;
+pub use self::fief::key::host;
+pub use self::fief::key::types;

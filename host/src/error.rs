@@ -37,6 +37,17 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// A key's reply is over the node's size limit; the key is fine, the
+    /// reply was dropped.
+    #[error(
+        "the key's reply of {size} bytes is over the limit of {limit} bytes (max_message_size); the reply was dropped"
+    )]
+    ReplyTooLarge {
+        /// The reply's size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The uploaded bytes are not a usable key module.
     #[error("invalid module: {0}")]
     InvalidModule(String),
@@ -141,6 +152,7 @@ impl Error {
             Error::InvalidKey(_) => "invalid_key",
             Error::InvalidModuleName { .. } => "invalid_module_name",
             Error::MessageTooLarge { .. } => "message_too_large",
+            Error::ReplyTooLarge { .. } => "reply_too_large",
             Error::InvalidModule(_) => "invalid_module",
             Error::InvalidOptions(_) => "invalid_options",
             Error::Fenced => "fenced",
@@ -176,7 +188,7 @@ impl Error {
             Error::MethodNotAllowed(_) => 405,
             Error::Overloaded { .. } | Error::TooManyKeys { .. } => 429,
             Error::KeyDied(_) | Error::Internal(_) => 500,
-            Error::OwnerUnreachable { .. } => 502,
+            Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
             Error::Fenced | Error::Unowned(_) | Error::ShuttingDown | Error::NotOwner { .. } => 503,
             Error::Remote { status, .. } => *status,
             Error::Timeout(_) => 504,

@@ -52,6 +52,11 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/leave", post(leave))
         .route("/v1/limbo", get(limbo))
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                Error::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
+            },
+        )
         .fallback(
             |uri: axum::http::Uri| async move { Error::NoSuchEndpoint(uri.path().to_owned()) },
         )

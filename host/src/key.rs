@@ -461,10 +461,13 @@ fn describe_failure(store: &mut Store<KeyCtx>, error: &wasmtime::Error) -> Strin
             ctx.memory_limit
         );
     }
+    // The root cause is what went wrong (a trap code, or the host's own
+    // refusal, e.g. the side-effect gate's); the outer layers only say where.
+    let cause = error.root_cause().to_string();
     match error.downcast_ref::<Trap>() {
         Some(Trap::StackOverflow) => "stack overflow (unbounded recursion?)".to_owned(),
-        Some(trap) => format!("trapped: {trap}; {}", first_line(&text)),
-        None => first_line(&text).to_owned(),
+        Some(trap) => format!("trapped: {trap}"),
+        None => first_line(&cause).to_owned(),
     }
 }
 

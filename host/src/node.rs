@@ -430,8 +430,13 @@ impl NodeShared {
             Ok(Err(_)) => return Err(Error::KeyDied("the key process went away".to_owned())),
             Ok(Ok(reply)) => reply?,
         };
-        self.check_message(&reply)
-            .map_err(|e| Error::KeyDied(format!("the key's reply was refused: {e}")))?;
+        let limit = self.config.max_message_size.as_u64() as usize;
+        if reply.len() > limit {
+            return Err(Error::ReplyTooLarge {
+                size: reply.len(),
+                limit,
+            });
+        }
         Ok(reply)
     }
 
@@ -1283,6 +1288,10 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
             };
             match outcome {
                 Round::Again => {}
+                // The fence point read before the round may have moved: a
+                // renewal during the round succeeded. Fence only if it holds.
+                Round::FencePoint
+                    if lock(&shared.lease).status(shared.clock.now()).is_current() => {}
                 Round::FencePoint => {
                     shared.fence("the lease could not be renewed before the fence point");
                     break;

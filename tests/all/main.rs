@@ -2,4 +2,17 @@
 //! `tests/all` layout). Each test cites the contract clause or issue item it
 //! proves.
 
+mod arbiter;
+mod bad_input;
+mod cluster;
+mod config;
+mod fence_modes;
+mod host_imports;
+mod http_cli;
+mod kill;
+mod limbo;
+mod limits;
+mod processes;
 mod runtime;
+mod self_fencing;
+mod tidy;

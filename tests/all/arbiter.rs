@@ -1,0 +1,208 @@
+//! The arbiter's contracts (contract §3: presence, ownership table,
+//! leadership), run against both adapters: the in-process `LocalArbiter` on a
+//! stepped clock, and the `PostgresArbiter` against a real PostgreSQL server,
+//! where expiry is judged on the database's clock (so its test waits in real
+//! time, with generous margins).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fief::SteppedClock;
+use fief::arbiter::{Arbiter, ArbiterError, LocalArbiter, PostgresArbiter};
+use fief::core::{NodeId, PartitionCount, PartitionId};
+use fief_tests::multiprocess::{PG_ADDR, arbiter_url, test_database, unique_namespace};
+
+/// Lets time pass for the arbiter under test (stepped or real).
+type Wait = Box<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+const TTL: Duration = Duration::from_millis(600);
+const PARTITIONS: u32 = 8;
+
+/// The whole contract, on one arbiter and one namespace.
+async fn contract(arbiter: &dyn Arbiter, ns: &str, wait: Wait) {
+    let (a, b) = (NodeId::new("a"), NodeId::new("b"));
+
+    // Presence: a lease is live until the arbiter judges it expired.
+    let lease_a = arbiter
+        .register(ns, &a, TTL, Some("127.0.0.1:1"))
+        .await
+        .unwrap();
+    let lease_b = arbiter.register(ns, &b, TTL, None).await.unwrap();
+    let live = arbiter.live_nodes(ns).await.unwrap();
+    assert_eq!(live.len(), 2);
+    assert_eq!(live[0].peer_addr.as_deref(), Some("127.0.0.1:1"));
+    let err = arbiter.register(ns, &a, TTL, None).await.unwrap_err();
+    assert!(
+        matches!(err, ArbiterError::Refused(_)),
+        "a node id is unique while its lease is current: {err}"
+    );
+
+    // Leadership: one leader at a time.
+    let term = arbiter
+        .campaign(ns, &a, lease_a)
+        .await
+        .unwrap()
+        .expect("a leads");
+    assert_eq!(
+        arbiter.campaign(ns, &b, lease_b).await.unwrap(),
+        None,
+        "b cannot lead while a does"
+    );
+    assert_eq!(
+        arbiter.campaign(ns, &a, lease_a).await.unwrap(),
+        Some(term),
+        "a keeps its term"
+    );
+
+    // Table: the leader writes; every change bumps the epoch.
+    let all: Vec<_> = (0..PARTITIONS)
+        .map(|p| (PartitionId(p), Some(a.clone())))
+        .collect();
+    let table = arbiter.write_table(ns, term, all).await.unwrap();
+    assert_eq!(table.count_owned_by(&a), PARTITIONS as usize);
+    let epoch = table.epoch();
+    assert!(epoch >= 1);
+    let stale = fief::arbiter::Term(term.0 + 100);
+    assert!(matches!(
+        arbiter
+            .write_table(ns, stale, vec![(PartitionId(0), Some(b.clone()))])
+            .await,
+        Err(ArbiterError::NotLeader(_))
+    ));
+    // A partition of a live owner cannot be given away by the leader...
+    let refused = arbiter
+        .write_table(ns, term, vec![(PartitionId(0), Some(b.clone()))])
+        .await;
+    assert!(
+        matches!(refused, Err(ArbiterError::Refused(_))),
+        "{refused:?}"
+    );
+    // ...only by its owner, gracefully.
+    let table = arbiter
+        .transfer(ns, &a, lease_a, vec![(PartitionId(0), b.clone())])
+        .await
+        .unwrap();
+    let token = table.owner(PartitionId(0)).unwrap().token;
+    assert_eq!(table.owner(PartitionId(0)).unwrap().node, b);
+    assert!(
+        table.epoch() > epoch && token.0 == table.epoch(),
+        "the new owner's token is the new epoch"
+    );
+    assert!(
+        arbiter
+            .transfer(ns, &a, lease_a, vec![(PartitionId(0), a.clone())])
+            .await
+            .is_err(),
+        "a no longer owns p0"
+    );
+
+    // Expiry: b stops renewing; a keeps renewing.
+    for _ in 0..3 {
+        wait(TTL / 3).await;
+        arbiter.renew(ns, &a, lease_a).await.unwrap();
+    }
+    wait(TTL / 3).await;
+    arbiter.renew(ns, &a, lease_a).await.unwrap();
+    assert_eq!(
+        arbiter.renew(ns, &b, lease_b).await,
+        Err(ArbiterError::LeaseExpired(lease_b)),
+        "a renewal after expiry fails"
+    );
+    let live = arbiter.live_nodes(ns).await.unwrap();
+    assert_eq!(
+        live.iter().map(|m| m.node.clone()).collect::<Vec<_>>(),
+        vec![a.clone()]
+    );
+    // Now the leader may reassign b's partition.
+    let table = arbiter
+        .write_table(ns, term, vec![(PartitionId(0), Some(a.clone()))])
+        .await
+        .unwrap();
+    assert_eq!(table.owner(PartitionId(0)).unwrap().node, a);
+    assert!(
+        table.owner(PartitionId(0)).unwrap().token > token,
+        "tokens only increase"
+    );
+
+    // Rejoin: b registers anew and owns nothing from before.
+    let table = arbiter
+        .transfer(ns, &a, lease_a, vec![(PartitionId(1), a.clone())])
+        .await;
+    assert!(table.is_ok(), "a transfer to itself is allowed: {table:?}");
+    arbiter.release(ns, &a, lease_a).await.unwrap();
+    assert!(
+        arbiter.live_nodes(ns).await.unwrap().is_empty(),
+        "a released lease is gone at once"
+    );
+    let lease_a2 = arbiter.register(ns, &a, TTL, None).await.unwrap();
+    assert_ne!(lease_a2, lease_a);
+    let table = arbiter.table(ns).await.unwrap();
+    assert_eq!(
+        table.count_owned_by(&a),
+        0,
+        "a new lease owns nothing until the leader gives it something"
+    );
+    // And the old leader's term is over: a new campaign gets a higher term.
+    let term2 = arbiter
+        .campaign(ns, &a, lease_a2)
+        .await
+        .unwrap()
+        .expect("a leads again");
+    assert!(term2 > term);
+}
+
+#[tokio::test]
+async fn the_local_arbiter_keeps_the_contract() {
+    let clock = SteppedClock::default();
+    let arbiter = LocalArbiter::new(
+        Arc::new(clock.clone()),
+        PartitionCount::new(PARTITIONS).unwrap(),
+    );
+    let wait: Wait = Box::new(move |d| {
+        clock.advance(d);
+        Box::pin(async {})
+    });
+    contract(&arbiter, "ns", wait).await;
+}
+
+#[tokio::test]
+async fn the_postgres_arbiter_keeps_the_contract() {
+    drop(test_database().await);
+    let ns = unique_namespace("arbiter-contract");
+    let arbiter = PostgresArbiter::connect(
+        &arbiter_url(PG_ADDR),
+        &ns,
+        PartitionCount::new(PARTITIONS).unwrap(),
+    )
+    .await
+    .unwrap();
+    let wait: Wait = Box::new(|d| Box::pin(tokio::time::sleep(d)));
+    contract(&arbiter, &ns, wait).await;
+}
+
+#[tokio::test]
+async fn the_postgres_migration_is_idempotent_and_namespaces_share_a_database() {
+    drop(test_database().await);
+    let url = arbiter_url(PG_ADDR);
+    let partitions = PartitionCount::new(PARTITIONS).unwrap();
+    let (ns1, ns2) = (unique_namespace("mig-a"), unique_namespace("mig-b"));
+    // Several nodes connecting at once run the migration concurrently.
+    let connects = (0..4).map(|i| {
+        let (url, ns) = (
+            url.clone(),
+            if i % 2 == 0 { ns1.clone() } else { ns2.clone() },
+        );
+        tokio::spawn(async move { PostgresArbiter::connect(&url, &ns, partitions).await })
+    });
+    for c in connects {
+        c.await.unwrap().unwrap();
+    }
+    // A namespace's partition count is fixed.
+    let err = PostgresArbiter::connect(&url, &ns1, PartitionCount::new(PARTITIONS + 1).unwrap())
+        .await
+        .err()
+        .expect("a different partition count is refused");
+    assert!(err.to_string().contains("partitions"), "{err}");
+}

@@ -1,0 +1,1034 @@
+//! Cluster ownership and failure tests: several nodes in one process sharing
+//! the embedded arbiter and one stepped clock, talking over real loopback
+//! sockets (contract §5 rows 1–4; guarantees 1–4; issue "Cluster ownership").
+//!
+//! Every node reports its key processes' lives to one recorder, and every
+//! test ends with [`Cluster::check`]: the ownership checker
+//! ([`ownership_checker`]) finds no two overlapping lives of one key anywhere,
+//! and no two nodes report a live process for one key.
+//!
+//! Time: the nodes and the arbiter read one [`SteppedClock`]. The clock
+//! starts at 0 and every node registers at 0, so leases are renewed on whole
+//! seconds. [`Cluster::advance`] steps it 100 ms at a time and, after each
+//! step, waits (in real time, bounded) until every node has reacted: a node
+//! that can reach the arbiter has renewed when due, and a node that is not
+//! current has killed its keys. So each test walks an exact timeline
+//! (renewal at `s`, fence point `s + 4 s`, arbiter expiry `s + 5 s`) however
+//! fast or slow the machine is; real time only bounds the polling.
+//!
+//! Ownership: `n0` starts first, leads, and takes every partition; as leader
+//! it then hands partitions to the later nodes (graceful moves). So the tests
+//! first let the cluster settle ([`Cluster::stabilize`]) and then look up
+//! who owns what in the arbiter's table instead of assuming it. `n0` stays
+//! the leader until its lease expires, so a fault injected on `n0` also hits
+//! the leader.
+
+#[path = "ownership_checker.rs"]
+pub mod ownership_checker;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fief::arbiter::{Arbiter, ArbiterFuture, LeaseId, LocalArbiter, Member, Term};
+use fief::core::{Clock, NodeId, OwnershipTable, PartitionCount, PartitionId};
+use fief::{Error, Instance, LeaseState, ModuleOptions, NodeConfig, Status, SteppedClock};
+use fief_tests::{eventually, eventually_async, guests};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use ownership_checker::{Summary, assert_single_ownership};
+
+/// Partitions per namespace in these tests.
+pub const PARTITIONS: u32 = 16;
+/// The namespace every node of a test cluster uses.
+const NAMESPACE: &str = "default";
+/// One clock step of [`Cluster::advance`].
+const STEP: Duration = Duration::from_millis(100);
+/// The lease timing the nodes run with: the defaults (contract §2).
+const TTL: Duration = Duration::from_secs(5);
+const RENEW: Duration = Duration::from_secs(1);
+const MARGIN: Duration = Duration::from_secs(1);
+/// Real time a node may take to react to one clock step, or a test to see
+/// an outcome. Generous: only a broken node takes this long.
+const REACT: Duration = Duration::from_secs(10);
+/// Real time a call may take before it times out (a call to a cut-off owner
+/// may wait this long).
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+const COUNTER: (&str, &str) = ("counter", guests::COUNTER);
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// The configuration of node `n<id>`.
+pub fn config(id: usize) -> NodeConfig {
+    NodeConfig {
+        node_id: format!("n{id}"),
+        namespace: NAMESPACE.to_owned(),
+        partitions: PARTITIONS,
+        max_live_keys: 64,
+        max_memory_per_key: fief::config::ByteSize::mib(64),
+        call_timeout: CALL_TIMEOUT,
+        lease_ttl: TTL,
+        renew_interval: RENEW,
+        fence_margin: MARGIN,
+        ..NodeConfig::default()
+    }
+}
+
+/// The cluster's arbiter: the shared [`LocalArbiter`] (which judges expiry
+/// on the cluster's stepped clock), plus two test-only powers: list a node's
+/// peer address as that of a proxy in front of it, and hold a node's
+/// `campaign` calls (the arbiter is slow to answer that node).
+pub struct TestArbiter {
+    local: LocalArbiter,
+    peer_addrs: HashMap<NodeId, String>,
+    held: watch::Sender<HashSet<NodeId>>,
+}
+
+impl Arbiter for TestArbiter {
+    fn register<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        ttl: Duration,
+        peer_addr: Option<&'a str>,
+    ) -> ArbiterFuture<'a, LeaseId> {
+        let peer_addr = self.peer_addrs.get(node).map(String::as_str).or(peer_addr);
+        self.local.register(namespace, node, ttl, peer_addr)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        self.local.renew(namespace, node, lease)
+    }
+
+    fn release<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        self.local.release(namespace, node, lease)
+    }
+
+    fn set_leaving<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, ()> {
+        self.local.set_leaving(namespace, node, lease)
+    }
+
+    fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
+        self.local.live_nodes(namespace)
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        namespace: &'a str,
+        node: &'a NodeId,
+        lease: LeaseId,
+    ) -> ArbiterFuture<'a, Option<Term>> {
+        Box::pin(async move {
+            let mut held = self.held.subscribe();
+            let _ = held.wait_for(|held| !held.contains(node)).await;
+            self.local.campaign(namespace, node, lease).await
+        })
+    }
+
+    fn table<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, OwnershipTable> {
+        self.local.table(namespace)
+    }
+
+    fn transfer<'a>(
+        &'a self,
+        namespace: &'a str,
+        from: &'a NodeId,
+        lease: LeaseId,
+        moves: Vec<(PartitionId, NodeId)>,
+    ) -> ArbiterFuture<'a, OwnershipTable> {
+        self.local.transfer(namespace, from, lease, moves)
+    }
+
+    fn write_table<'a>(
+        &'a self,
+        namespace: &'a str,
+        term: Term,
+        changes: Vec<(PartitionId, Option<NodeId>)>,
+    ) -> ArbiterFuture<'a, OwnershipTable> {
+        self.local.write_table(namespace, term, changes)
+    }
+}
+
+/// A TCP proxy in front of a node's peer listener: the node's peers reach
+/// it only through the proxy, so cutting the proxy partitions the node from
+/// every peer at the network level while the arbiter still reaches it.
+struct PeerProxy {
+    addr: SocketAddr,
+    up: Arc<Mutex<bool>>,
+    links: Arc<Mutex<Vec<AbortHandle>>>,
+    accept: AbortHandle,
+}
+
+impl PeerProxy {
+    async fn start(target: SocketAddr) -> PeerProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = Arc::new(Mutex::new(true));
+        let links: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let accept = tokio::spawn({
+            let (up, links) = (up.clone(), links.clone());
+            async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let mut links = links.lock().unwrap();
+                    if !*up.lock().unwrap() {
+                        // Cut: the connection is accepted and dropped at once.
+                        drop(inbound);
+                        continue;
+                    }
+                    let link = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(target).await {
+                            let _ = inbound.set_nodelay(true);
+                            let _ = outbound.set_nodelay(true);
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    links.push(link.abort_handle());
+                }
+            }
+        })
+        .abort_handle();
+        PeerProxy {
+            addr,
+            up,
+            links,
+            accept,
+        }
+    }
+
+    /// Cut (drop every open connection, refuse new ones) or restore.
+    fn set_up(&self, up: bool) {
+        let mut links = self.links.lock().unwrap();
+        *self.up.lock().unwrap() = up;
+        if !up {
+            for link in links.drain(..) {
+                link.abort();
+            }
+        }
+    }
+}
+
+impl Drop for PeerProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.set_up(false);
+    }
+}
+
+/// Since when (clock time) each node can reach the arbiter, so
+/// [`Cluster::advance`] knows which nodes must have renewed.
+struct Reach {
+    arbiter_up_since: Option<Duration>,
+    node_since: Vec<Option<Duration>>,
+    held: HashSet<usize>,
+}
+
+/// A cluster of nodes sharing one arbiter and one stepped clock, with every
+/// key life recorded.
+pub struct Cluster {
+    /// The clock every node and the arbiter read.
+    pub clock: SteppedClock,
+    /// The shared arbiter (cut nodes off it, take it down).
+    pub arbiter: LocalArbiter,
+    test_arbiter: Arc<TestArbiter>,
+    /// `nodes[i]` is `n<i>`; `None` once crashed.
+    pub nodes: Vec<Option<Instance>>,
+    /// Every key life on every node.
+    pub lives: ownership_checker::LifeRecorder,
+    proxies: Vec<PeerProxy>,
+    reach: Mutex<Reach>,
+}
+
+impl Cluster {
+    /// Start `n` nodes, `n0` first (so it leads and takes every partition),
+    /// each with `modules` deployed before it joins.
+    pub async fn start(n: usize, modules: &[(&str, &str)]) -> Cluster {
+        Cluster::launch(n, modules, false).await
+    }
+
+    /// As [`Cluster::start`], with every node's peers reaching it through a
+    /// [`PeerProxy`] that [`Cluster::set_peer_reachable`] can cut.
+    pub async fn start_proxied(n: usize, modules: &[(&str, &str)]) -> Cluster {
+        Cluster::launch(n, modules, true).await
+    }
+
+    async fn launch(n: usize, modules: &[(&str, &str)], proxied: bool) -> Cluster {
+        let clock = SteppedClock::default();
+        let arbiter = LocalArbiter::new(
+            Arc::new(clock.clone()),
+            PartitionCount::new(PARTITIONS).unwrap(),
+        );
+        let mut listeners = Vec::new();
+        let mut proxies = Vec::new();
+        let mut peer_addrs = HashMap::new();
+        for i in 0..n {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            if proxied {
+                let proxy = PeerProxy::start(listener.local_addr().unwrap()).await;
+                peer_addrs.insert(NodeId::new(format!("n{i}")), proxy.addr.to_string());
+                proxies.push(proxy);
+            }
+            listeners.push(listener);
+        }
+        let test_arbiter = Arc::new(TestArbiter {
+            local: arbiter.clone(),
+            peer_addrs,
+            held: watch::channel(HashSet::new()).0,
+        });
+        let lives = ownership_checker::LifeRecorder::default();
+        let mut nodes = Vec::new();
+        for (i, listener) in listeners.into_iter().enumerate() {
+            let mut builder = Instance::builder(config(i))
+                .arbiter(test_arbiter.clone())
+                .clock(Arc::new(clock.clone()))
+                .peer_listener(listener)
+                .observer(lives.observer());
+            for (name, path) in modules {
+                builder = builder.module(name, guests::bytes(path), ModuleOptions::default());
+            }
+            let node = builder.start().await.unwrap();
+            assert_eq!(node.status().lease, LeaseState::Current, "n{i} joined");
+            nodes.push(Some(node));
+        }
+        Cluster {
+            clock,
+            arbiter,
+            test_arbiter,
+            nodes,
+            lives,
+            proxies,
+            reach: Mutex::new(Reach {
+                arbiter_up_since: Some(Duration::ZERO),
+                node_since: vec![Some(Duration::ZERO); n],
+                held: HashSet::new(),
+            }),
+        }
+    }
+
+    /// Node `n<i>`.
+    pub fn node(&self, i: usize) -> &Instance {
+        self.nodes[i].as_ref().expect("the node is running")
+    }
+
+    fn running(&self) -> impl Iterator<Item = (usize, &Instance)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
+    }
+
+    /// The stepped clock's reading, as time since the cluster started.
+    pub fn now(&self) -> Duration {
+        self.clock.now().since_origin()
+    }
+
+    /// Step the clock by `total`, [`STEP`] at a time, letting every node
+    /// react after each step (see the module docs).
+    pub async fn advance(&self, total: Duration) {
+        let mut left = total;
+        while !left.is_zero() {
+            let by = left.min(STEP);
+            self.clock.advance(by);
+            left -= by;
+            self.settle().await;
+        }
+    }
+
+    /// Step the clock until it reads `at` (since the cluster started).
+    pub async fn advance_to(&self, at: Duration) {
+        let now = self.now();
+        assert!(at >= now, "the clock is at {now:?}, past {at:?}");
+        self.advance(at - now).await;
+    }
+
+    /// Wait until every node has reacted to the clock's current reading.
+    async fn settle(&self) {
+        let deadline = tokio::time::Instant::now() + REACT;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        while let Some(lag) = self.lagging() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "at clock {:?}, a node did not react within {REACT:?}: {lag}",
+                self.now()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A node that has not yet reacted to the current clock reading, if any.
+    fn lagging(&self) -> Option<String> {
+        let now = self.now();
+        for (i, node) in self.running() {
+            let status = node.status();
+            if status.lease != LeaseState::Current {
+                if !node.keys().is_empty() {
+                    return Some(format!(
+                        "n{i} is {:?} but still has live keys: {:?}",
+                        status.lease,
+                        node.keys()
+                    ));
+                }
+            } else if self.reachable_for(i, now) >= RENEW && status.lease_remaining_ms <= 3000 {
+                return Some(format!(
+                    "n{i} reaches the arbiter but did not renew when due ({} ms left to its fence point)",
+                    status.lease_remaining_ms
+                ));
+            }
+        }
+        None
+    }
+
+    /// For how long (clock time) node `i` has been able to reach the
+    /// arbiter; zero if it cannot, or if its arbiter calls are held.
+    fn reachable_for(&self, i: usize, now: Duration) -> Duration {
+        let reach = self.reach.lock().unwrap();
+        if reach.held.contains(&i) {
+            return Duration::ZERO;
+        }
+        match (reach.arbiter_up_since, reach.node_since[i]) {
+            (Some(a), Some(n)) => now.saturating_sub(a.max(n)),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Let the cluster settle: step the clock a renewal round at a time
+    /// until the arbiter's table has not changed for a whole round and every
+    /// current node knows it (the leader's graceful moves run in real time
+    /// between rounds). Leaves the clock on a whole second, just after every
+    /// reachable node renewed.
+    pub async fn stabilize(&self) {
+        let mut last = None;
+        for _ in 0..30 {
+            self.advance(RENEW).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let epoch = self.arbiter_table().await.epoch();
+            let known = self.running().all(|(_, node)| {
+                let status = node.status();
+                status.lease != LeaseState::Current || status.epoch == epoch
+            });
+            if known && last == Some(epoch) {
+                return;
+            }
+            last = Some(epoch);
+        }
+        panic!("the partition table did not settle within 30 renewal rounds");
+    }
+
+    /// Cut node `i` off the arbiter, or reconnect it (contract §5 row 2).
+    pub fn set_arbiter_reachable(&self, i: usize, reachable: bool) {
+        let now = self.now();
+        self.reach.lock().unwrap().node_since[i] = reachable.then_some(now);
+        self.arbiter
+            .set_reachable(&NodeId::new(format!("n{i}")), reachable);
+    }
+
+    /// Take the arbiter down for everyone, or bring it back (row 4).
+    pub fn set_arbiter_down(&self, down: bool) {
+        let now = self.now();
+        self.reach.lock().unwrap().arbiter_up_since = (!down).then_some(now);
+        self.arbiter.set_down(down);
+    }
+
+    /// Cut every peer off node `i` at the network level, or restore its
+    /// links (row 3). Only in a [`Cluster::start_proxied`] cluster.
+    pub fn set_peer_reachable(&self, i: usize, reachable: bool) {
+        self.proxies[i].set_up(reachable);
+    }
+
+    /// Make the arbiter hold (or release) node `i`'s `campaign` calls: the
+    /// node's table sync stalls there, as behind a slow arbiter. Do not
+    /// advance the clock while a node is held.
+    pub fn hold_campaign(&self, i: usize, hold: bool) {
+        let node = NodeId::new(format!("n{i}"));
+        let mut reach = self.reach.lock().unwrap();
+        self.test_arbiter.held.send_modify(|held| {
+            if hold {
+                held.insert(node);
+                reach.held.insert(i);
+            } else {
+                held.remove(&node);
+                reach.held.remove(&i);
+            }
+        });
+    }
+
+    /// Crash node `i` (its process dies: no key stops gracefully, its lease
+    /// is not released).
+    pub async fn crash(&mut self, i: usize) {
+        let node = self.nodes[i].take().expect("the node is running");
+        node.crash().await;
+    }
+
+    /// When the arbiter will judge node `i`'s lease expired, assuming its
+    /// last renewal committed at the instant it was sent (true here: the
+    /// local arbiter commits at once, on the same clock).
+    pub fn arbiter_expiry(&self, i: usize) -> Duration {
+        let status = self.node(i).status();
+        assert_eq!(status.lease, LeaseState::Current, "n{i} holds a lease");
+        self.now() + Duration::from_millis(status.lease_remaining_ms as u64) + MARGIN
+    }
+
+    /// The arbiter's partition table.
+    pub async fn arbiter_table(&self) -> OwnershipTable {
+        self.arbiter
+            .table(NAMESPACE)
+            .await
+            .expect("the arbiter is up")
+    }
+
+    /// The arbiter's table: partitions owned per node.
+    pub async fn arbiter_owners(&self) -> BTreeMap<String, usize> {
+        let mut owners = BTreeMap::new();
+        for (_, owner) in self.arbiter_table().await.iter() {
+            if let Some(owner) = owner {
+                *owners.entry(owner.node.to_string()).or_default() += 1;
+            }
+        }
+        owners
+    }
+
+    /// A key whose partition node `n<i>` owns, per the arbiter.
+    pub async fn key_owned_by(&self, i: usize) -> String {
+        let partitions = PartitionCount::new(PARTITIONS).unwrap();
+        let table = self.arbiter_table().await;
+        let owner = NodeId::new(format!("n{i}"));
+        (0..1000)
+            .map(|k| format!("key-{k}"))
+            .find(|key| {
+                table
+                    .owner(partitions.of(key))
+                    .is_some_and(|a| a.node == owner)
+            })
+            .unwrap_or_else(|| panic!("n{i} owns no partition"))
+    }
+
+    /// The nodes whose leases the arbiter judges current.
+    pub async fn arbiter_live(&self) -> Vec<String> {
+        let members = self
+            .arbiter
+            .live_nodes(NAMESPACE)
+            .await
+            .expect("the arbiter is up");
+        members.into_iter().map(|m| m.node.to_string()).collect()
+    }
+
+    /// Partitions owned per running node, per each node's own table.
+    pub fn owned(&self) -> Vec<usize> {
+        self.running()
+            .map(|(_, node)| node.status().partitions_owned)
+            .collect()
+    }
+
+    /// Call `key` of the counter module via node `i`.
+    pub async fn call(&self, i: usize, key: &str, message: &str) -> Result<String, Error> {
+        self.node(i)
+            .call("counter", key, message.as_bytes().to_vec())
+            .await
+            .map(|reply| String::from_utf8(reply).expect("a UTF-8 reply"))
+    }
+
+    /// The running nodes with a live process for `key` of the counter.
+    pub fn live_on(&self, key: &str) -> Vec<usize> {
+        self.running()
+            .filter(|(_, node)| fief_tests::is_live(node, "counter", key))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// The single-ownership checks, run at the end of every test: at most
+    /// one node reports a live process per key right now, and no two
+    /// recorded lives of one key ever overlapped (guarantees 1 and 2).
+    pub fn check(&self) -> Summary {
+        let mut live: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+        for (i, node) in self.running() {
+            for key in node.keys() {
+                live.entry((key.module, key.key)).or_default().push(i);
+            }
+        }
+        for ((module, key), nodes) in &live {
+            assert!(
+                nodes.len() <= 1,
+                "{module}/{key} is live on several nodes at once: {nodes:?}"
+            );
+        }
+        assert_single_ownership(&self.lives.events())
+    }
+}
+
+/// Node `status` is not current and shows at least `fences` fences: it
+/// serves nothing and holds no key. (After a fence the node at once starts
+/// rejoining with a fresh lease, so `status` reports `Pending` until the
+/// arbiter grants one; `Fenced` shows only in between.)
+fn assert_fenced(status: &Status, fences: u64) {
+    assert_ne!(
+        status.lease,
+        LeaseState::Current,
+        "{} must not be current",
+        status.node_id
+    );
+    assert!(
+        status.fences >= fences,
+        "{} fenced {} times, expected at least {fences}",
+        status.node_id,
+        status.fences
+    );
+    assert_eq!(status.lease_remaining_ms, 0);
+    assert_eq!(status.live_keys, 0, "{} has live keys", status.node_id);
+}
+
+/// Wait (real time, bounded) until a call of `key` via node `i` succeeds;
+/// return its reply.
+async fn first_success(c: &Cluster, i: usize, key: &str, message: &str) -> String {
+    let reply = Mutex::new(None);
+    eventually_async(
+        REACT,
+        &format!("a call of {key} via n{i} succeeds"),
+        || async {
+            match c.call(i, key, message).await {
+                Ok(r) => {
+                    *reply.lock().unwrap() = Some(r);
+                    true
+                }
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    reply.into_inner().unwrap().unwrap()
+}
+
+/// Calls through every node reach the one owner (guarantee 2, routing
+/// single ownership; guarantee 1 by the checker), and nothing moves while
+/// every node renews on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_through_every_node_reach_one_owner() {
+    let c = Cluster::start(3, &[COUNTER]).await;
+    c.stabilize().await;
+    assert!(
+        c.owned().iter().all(|&n| n > 0),
+        "every node owns partitions once settled: {:?}",
+        c.owned()
+    );
+    for owner in 0..3 {
+        let key = c.key_owned_by(owner).await;
+        for i in 0..9 {
+            let reply = c.call(i % 3, &key, "incr").await.unwrap();
+            assert_eq!(reply, (i + 1).to_string(), "{key} via n{}", i % 3);
+        }
+        assert_eq!(
+            c.live_on(&key),
+            vec![owner],
+            "{key} lives on its owner only"
+        );
+    }
+    // Leases are renewed on time: nothing moves, nobody fences.
+    let table = c.arbiter_table().await;
+    c.advance(secs(12.0)).await;
+    assert_eq!(c.arbiter_table().await, table);
+    for (i, node) in c.running() {
+        let status = node.status();
+        assert_eq!(status.lease, LeaseState::Current, "n{i}");
+        assert_eq!(status.fences, 0, "n{i}");
+    }
+    let summary = c.check();
+    assert_eq!(summary.lives, 3, "one process per key, never restarted");
+}
+
+/// Contract §5 row 1, node crash: the crashed node's partitions (it is
+/// also the leader) move only after the arbiter judges its lease expired;
+/// until then its keys are served by nobody; then they come back on the
+/// other nodes with their un-persisted state lost (guarantees 3 and 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_row1_node_crash_moves_partitions_only_after_arbiter_expiry() {
+    let mut c = Cluster::start(3, &[COUNTER]).await;
+    c.stabilize().await;
+    assert!(c.node(0).status().leader_term.is_some(), "n0 leads");
+    let key = c.key_owned_by(0).await;
+    let other_key = c.key_owned_by(1).await;
+    for i in 0..3 {
+        assert_eq!(c.call(i, &key, "incr").await.unwrap(), (i + 1).to_string());
+    }
+    assert_eq!(c.live_on(&key), vec![0]);
+    // n0 renewed just now: the arbiter expires it one TTL from now.
+    let expiry = c.arbiter_expiry(0);
+    assert_eq!(expiry, c.now() + TTL);
+    let table = c.arbiter_table().await;
+
+    c.crash(0).await;
+    c.advance_to(expiry - secs(0.5)).await;
+    // Just before expiry: nothing has moved and nobody serves n0's key...
+    assert!(c.arbiter_live().await.contains(&"n0".to_owned()));
+    assert_eq!(c.arbiter_table().await, table);
+    for i in [1, 2] {
+        let err = c.call(i, &key, "incr").await.unwrap_err();
+        assert!(
+            matches!(err, Error::OwnerUnreachable { .. } | Error::Timeout(_)),
+            "via n{i}: {err}"
+        );
+    }
+    assert!(c.live_on(&key).is_empty(), "no other node serves {key}");
+    // ...while the other nodes' keys are served as usual.
+    assert_eq!(c.call(2, &other_key, "incr").await.unwrap(), "1");
+
+    // At expiry the survivors' renewal round elects a leader, which hands
+    // n0's partitions out; one more round and every survivor knows.
+    c.advance_to(expiry + RENEW).await;
+    let owners = c.arbiter_owners().await;
+    assert!(!owners.contains_key("n0"), "{owners:?}");
+    assert_eq!(owners.values().sum::<usize>(), PARTITIONS as usize);
+    eventually(REACT, "n1 and n2 own every partition", || {
+        c.owned().iter().sum::<usize>() == PARTITIONS as usize
+    })
+    .await;
+
+    // n0's key comes back on a survivor, from scratch.
+    assert_eq!(first_success(&c, 1, &key, "incr").await, "1");
+    assert_eq!(c.call(2, &key, "incr").await.unwrap(), "2");
+    let owner = c.live_on(&key);
+    assert!(owner == vec![1] || owner == vec![2], "{owner:?}");
+    assert_eq!(c.lives.started_on("counter", &key).len(), 2);
+    assert_eq!(c.call(1, &other_key, "incr").await.unwrap(), "2");
+    c.check();
+}
+
+/// Contract §5 row 2, node ↔ arbiter partition: the node (also the leader)
+/// fences at `TTL - margin` after its last good renewal and its keys die;
+/// nobody takes over until the arbiter's expiry; reconnected, it rejoins
+/// with a fresh lease and owns only what it is given anew (guarantee 3;
+/// contract §2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_row2_node_cut_from_arbiter_fences_before_takeover() {
+    let c = Cluster::start(3, &[COUNTER]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(0).await;
+    for i in 0..3 {
+        assert_eq!(c.call(i, &key, "incr").await.unwrap(), (i + 1).to_string());
+    }
+    // n0 renewed just now: fence point 4 s from now, arbiter expiry 5 s.
+    let expiry = c.arbiter_expiry(0);
+    let fence_point = expiry - MARGIN;
+    assert_eq!(fence_point, c.now() + TTL - MARGIN);
+    let table = c.arbiter_table().await;
+    let before = c.owned();
+    c.set_arbiter_reachable(0, false);
+
+    // Until its fence point n0 still serves: its lease is current.
+    c.advance_to(fence_point - STEP).await;
+    let status = c.node(0).status();
+    assert_eq!(status.lease, LeaseState::Current);
+    assert_eq!(status.lease_remaining_ms, STEP.as_millis());
+    assert_eq!(c.call(0, &key, "incr").await.unwrap(), "4");
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "5");
+
+    // At the fence point: fenced, the key killed, every call refused...
+    c.advance_to(fence_point).await;
+    assert_fenced(&c.node(0).status(), 1);
+    assert!(c.node(0).keys().is_empty());
+    assert_eq!(c.call(0, &key, "incr").await, Err(Error::Fenced));
+    // ...and nothing reassigned: the arbiter still counts n0's lease.
+    assert!(c.arbiter_live().await.contains(&"n0".to_owned()));
+    assert_eq!(c.arbiter_table().await, table);
+    for i in [1, 2] {
+        assert!(c.call(i, &key, "incr").await.is_err(), "via n{i}");
+        assert_eq!(c.node(i).status().partitions_owned, before[i], "n{i}");
+    }
+    assert!(c.live_on(&key).is_empty());
+
+    // Still nothing just before the arbiter's expiry.
+    c.advance_to(expiry - STEP).await;
+    assert_eq!(c.arbiter_table().await, table);
+    assert!(c.call(1, &key, "incr").await.is_err());
+    assert!(c.live_on(&key).is_empty());
+
+    // At expiry, n1 and n2 take over; the key starts from scratch.
+    c.advance_to(expiry + RENEW).await;
+    let takeover = c.arbiter_table().await;
+    assert_eq!(takeover.count_owned_by(&NodeId::new("n0")), 0);
+    eventually(REACT, "n1 and n2 own every partition", || {
+        c.node(1).status().partitions_owned + c.node(2).status().partitions_owned
+            == PARTITIONS as usize
+    })
+    .await;
+    assert_eq!(first_success(&c, 1, &key, "incr").await, "1");
+    assert_eq!(c.call(2, &key, "incr").await.unwrap(), "2");
+
+    // Reconnected, n0 rejoins with a fresh lease; whatever it owns again was
+    // given to it anew (a newer ownership token than the takeover's table).
+    c.set_arbiter_reachable(0, true);
+    c.advance(secs(2.0)).await;
+    eventually(REACT, "n0 current again", || {
+        c.node(0).status().lease == LeaseState::Current
+    })
+    .await;
+    assert_eq!(c.node(0).status().fences, 1);
+    assert!(c.arbiter_live().await.contains(&"n0".to_owned()));
+    c.stabilize().await;
+    let n0 = NodeId::new("n0");
+    for (partition, owner) in c.arbiter_table().await.iter() {
+        if let Some(owner) = owner.filter(|a| a.node == n0) {
+            assert!(
+                owner.token.0 > takeover.epoch(),
+                "n0 owns {partition} under token {:?}, not newer than the takeover (epoch {})",
+                owner.token,
+                takeover.epoch()
+            );
+        }
+    }
+    // Through every node the calls reach the one live key, state intact.
+    assert_eq!(first_success(&c, 0, &key, "incr").await, "3");
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "4");
+    assert_eq!(c.live_on(&key).len(), 1);
+    c.check();
+}
+
+/// Contract §5 row 2 and §2 ("after fencing, a node rejoins with a fresh
+/// lease and owns only what the leader assigns it anew"), guarantee 2: a
+/// node that rejoins after its partitions moved never routes with the table
+/// it had before it fenced. Here the arbiter is slow to answer the rejoined
+/// node's first table sync, so it holds a current lease before it has
+/// learned the new table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_row2_rejoined_node_never_serves_from_its_stale_table() {
+    let c = Cluster::start(3, &[COUNTER]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(0).await;
+    assert_eq!(c.call(0, &key, "incr").await.unwrap(), "1");
+    let expiry = c.arbiter_expiry(0);
+    c.set_arbiter_reachable(0, false);
+    c.advance_to(expiry + RENEW).await;
+    assert_eq!(first_success(&c, 1, &key, "incr").await, "1");
+    let owner = c.live_on(&key);
+    assert!(owner == vec![1] || owner == vec![2], "{owner:?}");
+
+    // n0 reconnects; the arbiter grants its lease but holds its table sync.
+    c.hold_campaign(0, true);
+    c.set_arbiter_reachable(0, true);
+    c.advance(RENEW).await;
+    eventually(REACT, "n0 holds a fresh lease", || {
+        c.node(0).status().lease == LeaseState::Current
+    })
+    .await;
+    // Whatever n0 does with a call now, it must not serve the key itself.
+    let via_n0 = c.call(0, &key, "incr").await;
+    assert!(
+        matches!(via_n0.as_deref(), Err(_) | Ok("2")),
+        "via n0: {via_n0:?}; the key lives on {owner:?}"
+    );
+    assert_eq!(c.live_on(&key), owner, "the key lives only on its owner");
+    let expected = if via_n0.is_ok() { "2" } else { "1" };
+    assert_eq!(c.call(1, &key, "get").await.unwrap(), expected);
+
+    c.hold_campaign(0, false);
+    c.stabilize().await;
+    c.check();
+}
+
+/// Contract §5 row 3, node ↔ node partition with the arbiter reachable,
+/// injected with `Instance::set_peer_link`: routing fails closed (the call
+/// errs), the cut-off node never serves the key itself, the owner keeps
+/// serving it directly, and the link's return restores service (guarantee
+/// 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_row3_peer_link_cut_fails_closed() {
+    let c = Cluster::start(3, &[COUNTER]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(0).await;
+    for i in 0..3 {
+        assert_eq!(c.call(i, &key, "incr").await.unwrap(), (i + 1).to_string());
+    }
+    assert!(c.node(1).set_peer_link("n0", false).await);
+    for attempt in 0..3 {
+        let err = c.call(1, &key, "incr").await.unwrap_err();
+        assert!(
+            matches!(err, Error::OwnerUnreachable { .. }),
+            "attempt {attempt} via n1: {err}"
+        );
+    }
+    assert_eq!(c.live_on(&key), vec![0], "n1 never serves n0's key");
+    // The owner still serves it directly, and n2 still reaches it.
+    assert_eq!(c.call(0, &key, "incr").await.unwrap(), "4");
+    assert_eq!(c.call(2, &key, "incr").await.unwrap(), "5");
+    // The arbiter still counts everyone: nothing moves.
+    let table = c.arbiter_table().await;
+    c.advance(secs(3.0)).await;
+    assert_eq!(c.arbiter_table().await, table);
+    assert!(c.call(1, &key, "incr").await.is_err());
+
+    assert!(c.node(1).set_peer_link("n0", true).await);
+    assert_eq!(first_success(&c, 1, &key, "incr").await, "6");
+    assert_eq!(c.live_on(&key), vec![0]);
+    c.check();
+}
+
+/// Contract §5 row 3, node ↔ node partition with the arbiter reachable,
+/// injected at the network level (a proxy in front of n0 drops every peer
+/// connection and refuses new ones): calls via the other nodes fail closed
+/// (an error, never a second owner), the owner keeps serving directly,
+/// nothing moves while the arbiter still counts n0, and service through
+/// the peers returns with the network (guarantee 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_row3_node_partition_fails_closed() {
+    let c = Cluster::start_proxied(3, &[COUNTER]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(0).await;
+    let other_key = c.key_owned_by(1).await;
+    for i in 0..3 {
+        assert_eq!(c.call(i, &key, "incr").await.unwrap(), (i + 1).to_string());
+    }
+    c.set_peer_reachable(0, false);
+    for i in [1, 2] {
+        for attempt in 0..2 {
+            let err = c.call(i, &key, "incr").await.unwrap_err();
+            assert!(
+                matches!(err, Error::OwnerUnreachable { .. } | Error::Timeout(_)),
+                "attempt {attempt} via n{i}: {err}"
+            );
+        }
+    }
+    assert_eq!(c.live_on(&key), vec![0], "no peer serves n0's key");
+    assert_eq!(c.call(0, &key, "incr").await.unwrap(), "4");
+    // Keys of the other nodes are unaffected (n0's outgoing links work).
+    assert_eq!(c.call(2, &other_key, "incr").await.unwrap(), "1");
+    assert_eq!(c.call(0, &other_key, "incr").await.unwrap(), "2");
+
+    // The arbiter still counts n0: nothing moves, peers keep failing closed.
+    let table = c.arbiter_table().await;
+    c.advance(secs(6.0)).await;
+    assert_eq!(c.arbiter_table().await, table);
+    assert!(c.call(1, &key, "incr").await.is_err());
+    assert_eq!(c.call(0, &key, "incr").await.unwrap(), "5");
+    assert_eq!(c.live_on(&key), vec![0]);
+
+    c.set_peer_reachable(0, true);
+    assert_eq!(first_success(&c, 1, &key, "incr").await, "6");
+    assert_eq!(first_success(&c, 2, &key, "incr").await, "7");
+    assert_eq!(c.live_on(&key), vec![0]);
+    assert_eq!(c.lives.started_on("counter", &key), vec!["n0"]);
+    c.check();
+}
+
+/// Contract §5 row 4, arbiter down for everyone: every node fences at its
+/// fence point and nothing is served anywhere; when the arbiter returns,
+/// the nodes rejoin and service resumes, with un-persisted state lost
+/// (guarantees 3 and 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_row4_arbiter_down_fences_everyone_until_it_returns() {
+    let c = Cluster::start(3, &[COUNTER]).await;
+    c.stabilize().await;
+    let keys = [
+        c.key_owned_by(0).await,
+        c.key_owned_by(1).await,
+        c.key_owned_by(2).await,
+    ];
+    for key in &keys {
+        assert_eq!(c.call(0, key, "incr").await.unwrap(), "1");
+    }
+    // Every node renewed just now: they all fence 4 s from now.
+    let fence_point = c.arbiter_expiry(0) - MARGIN;
+    c.set_arbiter_down(true);
+
+    c.advance_to(fence_point - STEP).await;
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(c.call((i + 1) % 3, key, "incr").await.unwrap(), "2");
+    }
+
+    c.advance_to(fence_point).await;
+    for (i, node) in c.running() {
+        assert_fenced(&node.status(), 1);
+        for key in &keys {
+            assert_eq!(
+                c.call(i, key, "incr").await,
+                Err(Error::Fenced),
+                "n{i} {key}"
+            );
+        }
+    }
+    assert!(keys.iter().all(|key| c.live_on(key).is_empty()));
+
+    // Long past every expiry: still nobody serves (nobody can rejoin).
+    c.advance(secs(5.0)).await;
+    for (i, node) in c.running() {
+        assert_fenced(&node.status(), 1);
+        assert_eq!(
+            c.call(i, &keys[0], "incr").await,
+            Err(Error::Fenced),
+            "n{i}"
+        );
+    }
+
+    c.set_arbiter_down(false);
+    c.advance(secs(2.0)).await;
+    eventually(REACT, "every node current, every partition owned", || {
+        c.running()
+            .all(|(_, n)| n.status().lease == LeaseState::Current)
+            && c.owned().iter().sum::<usize>() == PARTITIONS as usize
+    })
+    .await;
+    c.stabilize().await;
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(first_success(&c, i, key, "incr").await, "1", "{key}");
+        assert_eq!(c.call((i + 1) % 3, key, "incr").await.unwrap(), "2");
+        assert_eq!(c.live_on(key).len(), 1);
+    }
+    c.check();
+}
+
+/// Contract §5 row 8, graceful leave: the leaving node's partitions move by
+/// handoff (its keys stop with `handoff()` and their state reaches the new
+/// owner's `init`); no key is ever served by two nodes, and a caller sees at
+/// most brief errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_row8_leave_hands_keys_off_with_no_double_serve() {
+    let c = Cluster::start(3, &[("counter", guests::COUNTER)]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(0).await;
+    for n in 1..=5 {
+        assert_eq!(c.call(1, &key, "incr").await.unwrap(), n.to_string());
+    }
+    assert_eq!(c.live_on(&key), vec![0]);
+
+    // n0 leaves while the clock keeps moving (the leader plans the moves at
+    // its rounds; the handoffs themselves run in real time).
+    let leave = c.node(0).leave(Duration::from_secs(30));
+    let clock = async {
+        for _ in 0..100 {
+            c.clock.advance(STEP);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (left, ()) = tokio::join!(leave, clock);
+    left.expect("n0 leaves");
+    assert_eq!(c.node(0).status().partitions_owned, 0);
+    assert!(
+        !c.arbiter_live().await.contains(&"n0".to_owned()),
+        "n0 released its lease"
+    );
+    assert!(c.node(0).keys().is_empty(), "n0 hosts nothing");
+
+    // The count goes on where it was: the handoff state arrived.
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "6");
+    assert_eq!(c.call(2, &key, "incr").await.unwrap(), "7");
+    assert_eq!(c.live_on(&key).len(), 1);
+    c.check();
+}

@@ -1,0 +1,230 @@
+//! The interfaces (contract §3 "Interfaces"; issue items 8 and 9): the HTTP
+//! API on a real socket (deploy, call, cast, status, keys, kill) and the
+//! `fief` binary (node, deploy, call, cast, status), run as a child process.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fief_tests::{
+    HttpServer, NodeProcess, eventually, eventually_async, fief_cli, guests, is_live, node_with,
+};
+
+// ---- HTTP ----
+
+#[tokio::test]
+async fn http_deploys_calls_casts_and_reports() {
+    let node = Arc::new(node_with(&[]).await);
+    let server = HttpServer::start(node.clone()).await;
+    let client = reqwest::Client::new();
+
+    let response = client
+        .put(server.url("/v1/modules/counter"))
+        .body(guests::bytes(guests::COUNTER))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let info: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        (info["name"].as_str(), info["version"].as_u64()),
+        (Some("counter"), Some(1))
+    );
+
+    for expected in ["1", "2"] {
+        let response = client
+            .post(server.url("/v1/keys/counter/alice/call"))
+            .body("incr")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.text().await.unwrap(), expected, "the raw reply");
+    }
+
+    // A cast is accepted at once and then processed: bob starts ticking.
+    let response = client
+        .post(server.url("/v1/keys/counter/bob/cast"))
+        .body("tick-every 10")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    eventually_async(Duration::from_secs(5), "bob ticks", || async {
+        let reply = client
+            .post(server.url("/v1/keys/counter/bob/call"))
+            .body("get")
+            .send()
+            .await
+            .unwrap();
+        reply.text().await.unwrap() != "0"
+    })
+    .await;
+
+    let status: serde_json::Value = reqwest::get(server.url("/v1/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["lease"], "current", "{status}");
+    assert_eq!(status["partitions_owned"], 1024, "{status}");
+    assert_eq!(status["modules"][0]["name"], "counter", "{status}");
+}
+
+#[tokio::test]
+async fn http_lists_and_kills_keys() {
+    let node = Arc::new(node_with(&[("counter", guests::COUNTER)]).await);
+    let server = HttpServer::start(node.clone()).await;
+    let client = reqwest::Client::new();
+    let call = |message: &'static str| {
+        client
+            .post(server.url("/v1/keys/counter/alice/call"))
+            .body(message)
+            .send()
+    };
+    assert_eq!(call("incr").await.unwrap().text().await.unwrap(), "1");
+
+    let keys: serde_json::Value = reqwest::get(server.url("/v1/keys"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = keys.as_array().expect("a list of keys");
+    assert_eq!(listed.len(), 1, "{keys}");
+    assert_eq!(
+        (&listed[0]["module"], &listed[0]["key"]),
+        (&"counter".into(), &"alice".into())
+    );
+
+    let response = client
+        .delete(server.url("/v1/keys/counter/alice"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["killed"], true, "{body}");
+    eventually(Duration::from_secs(5), "alice is gone", || {
+        !is_live(&node, "counter", "alice")
+    })
+    .await;
+    // Its state died with it (guarantee 4): a fresh process starts at 0.
+    assert_eq!(call("get").await.unwrap().text().await.unwrap(), "0");
+}
+
+// ---- CLI ----
+
+/// stdout of a successful `fief` run, trimmed.
+fn cli_ok(args: &[&str]) -> String {
+    let output = fief_cli(args);
+    assert!(
+        output.status.success(),
+        "fief {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+/// stderr of a failing `fief` run, trimmed; it must be one line.
+fn cli_err(args: &[&str]) -> String {
+    let output = fief_cli(args);
+    assert!(!output.status.success(), "fief {args:?} succeeded");
+    let stderr = String::from_utf8(output.stderr).unwrap().trim().to_owned();
+    assert_eq!(stderr.lines().count(), 1, "one line of stderr: {stderr:?}");
+    stderr
+}
+
+#[test]
+fn cli_runs_a_node_and_calls_casts_and_reports() {
+    let node = NodeProcess::start(&["--deploy", &format!("counter={}", guests::COUNTER)]);
+    let url = node.url.as_str();
+
+    assert_eq!(
+        cli_ok(&["call", "--node", url, "counter", "alice", "incr"]),
+        "1"
+    );
+    assert_eq!(
+        cli_ok(&["call", "--node", url, "counter", "alice", "incr"]),
+        "2"
+    );
+    assert_eq!(
+        cli_ok(&["call", "--node", url, "counter", "bob", "get"]),
+        "0"
+    );
+
+    // A cast is delivered: carol starts ticking.
+    cli_ok(&["cast", "--node", url, "counter", "carol", "tick-every 20"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cli_ok(&["call", "--node", url, "counter", "carol", "get"]) == "0" {
+        assert!(Instant::now() < deadline, "carol never ticked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cli_ok(&["cast", "--node", url, "counter", "carol", "stop-ticking"]);
+
+    let status: serde_json::Value =
+        serde_json::from_str(&cli_ok(&["status", "--json", "--node", url])).expect("JSON status");
+    assert_eq!(status["lease"], "current", "{status}");
+    assert_eq!(status["modules"][0]["name"], "counter", "{status}");
+    assert!(cli_ok(&["status", "--node", url]).contains("module counter"));
+
+    let stderr = cli_err(&["call", "--node", url, "nosuch", "alice", "get"]);
+    assert!(stderr.contains("unknown module"), "{stderr}");
+}
+
+#[test]
+fn cli_deploys_with_options_and_refuses_bad_ones() {
+    let node = NodeProcess::start(&[]);
+    let url = node.url.as_str();
+
+    let out = cli_ok(&[
+        "deploy",
+        guests::COUNTER,
+        "--module",
+        "m2",
+        "--node",
+        url,
+        "-o",
+        "memory_limit=32MiB",
+    ]);
+    assert!(out.contains("m2"), "{out}");
+    assert_eq!(cli_ok(&["call", "--node", url, "m2", "k", "incr"]), "1");
+    let status: serde_json::Value =
+        serde_json::from_str(&cli_ok(&["status", "--json", "--node", url])).expect("JSON status");
+    assert_eq!(status["modules"][0]["name"], "m2", "{status}");
+    assert_eq!(
+        status["modules"][0]["options"]["memory_limit"],
+        serde_json::to_value(fief::config::ByteSize::mib(32)).unwrap(),
+        "{status}"
+    );
+
+    let stderr = cli_err(&[
+        "deploy",
+        guests::COUNTER,
+        "--module",
+        "m3",
+        "--node",
+        url,
+        "-o",
+        "cpu_limit=soon",
+    ]);
+    assert!(stderr.contains("cpu_limit"), "{stderr}");
+    let stderr = cli_err(&[
+        "deploy",
+        guests::COUNTER,
+        "--module",
+        "m3",
+        "--node",
+        url,
+        "-o",
+        "nonsense",
+    ]);
+    assert!(stderr.contains("NAME=VALUE"), "{stderr}");
+}
+
+#[test]
+fn cli_without_a_node_says_so_in_one_line() {
+    let url = format!("http://127.0.0.1:{}", fief_tests::free_port());
+    let stderr = cli_err(&["status", "--node", &url]);
+    assert!(stderr.contains("cannot reach the node"), "{stderr}");
+}
