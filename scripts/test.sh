@@ -4,4 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
+# The CLI and multi-process tests run the `fief` binary from its own target
+# directory (a nested cargo there cannot wait on this one's lock). Build it
+# first, so the timing-sensitive tests never share the CPUs with that build.
+cargo build -p fief --bin fief --target-dir target/cli-tests
 cargo test "$@"
