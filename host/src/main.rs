@@ -304,17 +304,8 @@ async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
         args.node.trim_end_matches('/'),
         args.module
     );
-    let response = client()
-        .put(&url)
-        .query(&query)
-        .body(wasm)
-        .send()
-        .await
-        .map_err(connect_error(&args.node))?;
-    if !response.status().is_success() {
-        return Err(api_error(response).await);
-    }
-    let info: serde_json::Value = response.json().await?;
+    let request = client().put(&url).query(&query).body(wasm);
+    let info: serde_json::Value = send(&args.node, request).await?.json().await?;
     println!("deployed {} version {}", args.module, info["version"]);
     Ok(())
 }
@@ -327,15 +318,7 @@ async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
         .map_err(|()| anyhow::anyhow!("--node {:?} cannot take a path", args.node))?
         .pop_if_empty()
         .extend(["v1", "keys", &args.module, &args.key, verb]);
-    let response = client()
-        .post(url)
-        .body(args.message)
-        .send()
-        .await
-        .map_err(connect_error(&args.node))?;
-    if !response.status().is_success() {
-        return Err(api_error(response).await);
-    }
+    let response = send(&args.node, client().post(url).body(args.message)).await?;
     if verb == "call" {
         let reply = response.bytes().await?;
         println!("{}", String::from_utf8_lossy(&reply));
@@ -343,17 +326,24 @@ async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn limbo(args: StatusArgs) -> anyhow::Result<()> {
-    let url = format!("{}/v1/limbo", args.node.trim_end_matches('/'));
-    let response = client()
-        .get(&url)
-        .send()
-        .await
-        .map_err(connect_error(&args.node))?;
+/// Send `request` to the node at `node`; a connection failure or an API
+/// error becomes a one-line error.
+async fn send(node: &str, request: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+    let response = request.send().await.map_err(connect_error(node))?;
     if !response.status().is_success() {
         return Err(api_error(response).await);
     }
-    let entries: serde_json::Value = response.json().await?;
+    Ok(response)
+}
+
+/// `GET {node}{path}` as JSON.
+async fn get_json(node: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let url = format!("{}{path}", node.trim_end_matches('/'));
+    Ok(send(node, client().get(&url)).await?.json().await?)
+}
+
+async fn limbo(args: StatusArgs) -> anyhow::Result<()> {
+    let entries = get_json(&args.node, "/v1/limbo").await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&entries)?);
         return Ok(());
@@ -377,29 +367,13 @@ async fn limbo(args: StatusArgs) -> anyhow::Result<()> {
 
 async fn leave(args: NodeUrl) -> anyhow::Result<()> {
     let url = format!("{}/v1/leave", args.node.trim_end_matches('/'));
-    let response = client()
-        .post(&url)
-        .send()
-        .await
-        .map_err(connect_error(&args.node))?;
-    if !response.status().is_success() {
-        return Err(api_error(response).await);
-    }
+    send(&args.node, client().post(&url)).await?;
     println!("the node left the cluster and is stopping");
     Ok(())
 }
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let url = format!("{}/v1/status", args.node.trim_end_matches('/'));
-    let response = client()
-        .get(&url)
-        .send()
-        .await
-        .map_err(connect_error(&args.node))?;
-    if !response.status().is_success() {
-        return Err(api_error(response).await);
-    }
-    let status: serde_json::Value = response.json().await?;
+    let status = get_json(&args.node, "/v1/status").await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
