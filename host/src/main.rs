@@ -225,7 +225,12 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
         let exe = std::env::current_exe()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "fief".to_owned());
-        println!("try: {exe} call {name} alice incr");
+        let node = if listen == NodeConfig::default().listen {
+            String::new()
+        } else {
+            format!(" --node http://{listen}")
+        };
+        println!("try: {exe} call{node} {name} alice incr");
     }
     let stop = instance.clone();
     let shutdown = async move {
