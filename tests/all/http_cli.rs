@@ -228,3 +228,60 @@ fn cli_without_a_node_says_so_in_one_line() {
     let stderr = cli_err(&["status", "--node", &url]);
     assert!(stderr.contains("cannot reach the node"), "{stderr}");
 }
+
+/// Issue "Single-node key runtime" item 6: a guest's stdout and its `log`
+/// lines go to the node's log, tagged with the module and the key, as plain
+/// text (no terminal colour codes in a log file).
+#[test]
+fn guest_output_goes_to_the_node_log_tagged_with_its_key() {
+    let node = NodeProcess::start(&["--deploy", &format!("probe={}", guests::PROBE)]);
+    let url = node.url.as_str();
+    assert_eq!(
+        cli_ok(&[
+            "call",
+            "--node",
+            url,
+            "probe",
+            "carol",
+            "print hello-from-the-guest"
+        ]),
+        "ok"
+    );
+    assert_eq!(
+        cli_ok(&[
+            "call",
+            "--node",
+            url,
+            "probe",
+            "carol",
+            "log logged-by-the-guest"
+        ]),
+        "ok"
+    );
+    let tagged = |log: &str, text: &str| {
+        log.lines().any(|l| {
+            l.contains(text) && l.contains("module=\"probe\"") && l.contains("key=\"carol\"")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = node.log_text();
+        if tagged(&log, "hello-from-the-guest") && tagged(&log, "logged-by-the-guest") {
+            assert!(
+                !log.contains('\u{1b}'),
+                "the log file holds terminal escape codes:\n{log}"
+            );
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("hello-from-the-guest") && l.contains("stdout")),
+                "{log}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest's lines never reached the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

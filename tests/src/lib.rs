@@ -274,7 +274,8 @@ impl NodeProcess {
         }
     }
 
-    fn log_text(&self) -> String {
+    /// What the node has logged so far.
+    pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
