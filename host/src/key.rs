@@ -724,7 +724,7 @@ impl ModuleSlot {
         Some(rx)
     }
 
-    /// Every live key's stop handle, for a graceful shutdown.
+    /// The names of every live key, for a graceful shutdown.
     pub(crate) fn live_key_names(&self) -> Vec<String> {
         lock(&self.keys).keys().map(|k| k.to_string()).collect()
     }

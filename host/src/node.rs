@@ -196,6 +196,11 @@ impl NodeShared {
     /// Take the handoff state waiting for a key, if any (and fresh).
     pub(crate) fn take_handoff(&self, module: &str, key: &str) -> Option<Vec<u8>> {
         let mut pending = lock(&self.pending_handoff);
+        // Activations are common and handoffs rare: nothing to scan or
+        // allocate when no state is waiting.
+        if pending.is_empty() {
+            return None;
+        }
         let max_age = self.config.lease_ttl * 2;
         pending.retain(|_, (_, at)| at.elapsed() < max_age);
         pending
