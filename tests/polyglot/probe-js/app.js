@@ -1,0 +1,88 @@
+// `probe-js`: the JavaScript test guest — the JS SDK driven by text commands.
+// It answers exactly the commands of `probe-py` (see tests/polyglot/probe-py/app.py):
+// ping, whoami, echo, call, after, events, on-fence, fail, crash, spin,
+// spin-after-call.
+
+import { CONTINUE, CallError, Key, Reject, exportKey, host, stop } from '../../../guest-sdk/js/fief.js';
+
+function spinForever() {
+  let turns = 0;
+  for (;;) turns += 1;
+}
+
+class Probe extends Key {
+  constructor(key, handoff) {
+    super(key, handoff);
+    this.events = [];
+    this.fenceAnswer = stop('probe says stop');
+  }
+
+  handleCall(message) {
+    const text = host.text(message);
+    const space = text.indexOf(' ');
+    const command = space < 0 ? text : text.slice(0, space);
+    const rest = space < 0 ? '' : text.slice(space + 1);
+    switch (command) {
+      case 'ping':
+        return 'pong';
+      case 'whoami':
+        return `${host.selfModule()}/${host.selfKey()}`;
+      case 'echo':
+        return rest;
+      case 'call': {
+        const [module = '', key = '', ...words] = rest.split(' ');
+        try {
+          return host.call(module, key, words.join(' '), 5000);
+        } catch (error) {
+          if (error instanceof CallError) return `error: ${error.message}`;
+          throw error;
+        }
+      }
+      case 'after': {
+        const [ms, ...tag] = rest.split(' ');
+        return String(host.sendAfter(Number(ms), tag.join(' ')));
+      }
+      case 'events':
+        return this.events.join('\n');
+      case 'on-fence':
+        this.fenceAnswer = rest === 'continue' ? CONTINUE : stop('probe says stop');
+        return 'ok';
+      case 'fail':
+        throw new Reject(rest);
+      case 'crash':
+        throw new Error('probe-js: crash on request');
+      case 'spin':
+        return spinForever();
+      case 'spin-after-call': {
+        const [module, key] = rest.split(' ');
+        try {
+          host.call(module, key, 'ping');
+        } catch (error) {
+          // the marker's reply does not matter
+        }
+        return spinForever();
+      }
+      default:
+        throw new Reject(`probe-js: unknown command ${JSON.stringify(command)}`);
+    }
+  }
+
+  handleCast(message) {
+    this.events.push(`cast:${host.text(message)}`);
+  }
+
+  handleTimer(id, tag) {
+    this.events.push(`timer:${host.text(tag)}`);
+  }
+
+  handlePublication(topic, payload) {
+    this.events.push(`pub:${topic}:${host.text(payload)}`);
+  }
+
+  handleFence(deadlineMs) {
+    this.events.push(`fence:${deadlineMs}`);
+    return this.fenceAnswer;
+  }
+}
+
+export const lifecycle = exportKey(Probe);

@@ -1,0 +1,89 @@
+"""`probe-py`: the Python test guest — the Python SDK driven by text commands.
+
+Each command is a `handle-call` message (UTF-8); `probe-js` answers the same:
+
+| command                        | reply                                                      |
+|--------------------------------|------------------------------------------------------------|
+| `ping`                         | `pong`                                                     |
+| `whoami`                       | `<module>/<key>`                                           |
+| `echo <text>`                  | `<text>`                                                   |
+| `call <module> <key> <msg...>` | the callee's reply (5 s timeout), or `error: <kind>[: <detail>]` |
+| `after <ms> <tag>`             | the armed timer's id                                       |
+| `events`                       | every event so far (`timer:<tag>`, `cast:<msg>`, `pub:<topic>:<payload>`, `fence:<ms>`), one per line |
+| `on-fence continue` / `on-fence stop` | `ok`; sets the answer to `handle-fence`             |
+| `fail <text>`                  | the error `<text>` (`rejected`)                             |
+| `crash`                        | none: raises an exception that is not `Reject` (a trap)     |
+| `spin`                         | none: loops forever                                         |
+| `spin-after-call <module> <key>` | host-calls that key with `ping`, then loops forever      |
+
+Casts are recorded as events; publications too (`subscribe` is not a
+command: the tests drive pub/sub with the Rust probe and the examples).
+"""
+
+from fief_guest import CONTINUE, CallError, Key, Reject, Stop, export_key, host
+
+
+def spin_forever():
+    turns = 0
+    while True:
+        turns += 1
+
+
+class Probe(Key):
+    def __init__(self, key, handoff):
+        super().__init__(key, handoff)
+        self.events = []
+        self.fence_answer = Stop("probe says stop")
+
+    def handle_call(self, message):
+        command, _, rest = message.decode(errors="replace").partition(" ")
+        if command == "ping":
+            return "pong"
+        if command == "whoami":
+            return f"{host.self_module()}/{host.self_key()}"
+        if command == "echo":
+            return rest
+        if command == "call":
+            module, key, text = (rest.split(" ", 2) + ["", ""])[:3]
+            try:
+                return host.call(module, key, text, timeout_ms=5000)
+            except CallError as error:
+                return f"error: {error}"
+        if command == "after":
+            ms, _, tag = rest.partition(" ")
+            return str(host.send_after(int(ms), tag))
+        if command == "events":
+            return "\n".join(self.events)
+        if command == "on-fence":
+            self.fence_answer = CONTINUE if rest == "continue" else Stop("probe says stop")
+            return "ok"
+        if command == "fail":
+            raise Reject(rest)
+        if command == "crash":
+            raise RuntimeError("probe-py: crash on request")
+        if command == "spin":
+            spin_forever()
+        if command == "spin-after-call":
+            module, _, key = rest.partition(" ")
+            try:
+                host.call(module, key, "ping")
+            except CallError:
+                pass
+            spin_forever()
+        raise Reject(f"probe-py: unknown command {command!r}")
+
+    def handle_cast(self, message):
+        self.events.append("cast:" + message.decode(errors="replace"))
+
+    def handle_timer(self, timer_id, tag):
+        self.events.append("timer:" + tag.decode(errors="replace"))
+
+    def handle_publication(self, topic, payload):
+        self.events.append(f"pub:{topic}:{payload.decode(errors='replace')}")
+
+    def handle_fence(self, deadline_ms):
+        self.events.append(f"fence:{deadline_ms}")
+        return self.fence_answer
+
+
+Lifecycle = export_key(Probe)
