@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use fief::bindings::types::{CallError, EffectError, LogLevel};
+use fief::bindings::types::{CacheError, CallError, EffectError, LogLevel};
 use fief::bindings::{KeyModule, KeyModulePre};
 use fief::{Instance, ModuleOptions, NodeConfig};
 use tokio::runtime::Runtime;
@@ -134,6 +134,34 @@ impl fief::bindings::host::Host for RawCtx {
         _message: Vec<u8>,
     ) -> wasmtime::Result<Result<(), EffectError>> {
         Ok(Err(EffectError::Invalid("not in the baseline".to_owned())))
+    }
+
+    async fn cache_get(
+        &mut self,
+        _namespace: String,
+        _key: String,
+    ) -> wasmtime::Result<Result<Option<fief::bindings::types::CacheEntry>, CacheError>> {
+        Ok(Ok(None))
+    }
+
+    async fn cache_put(
+        &mut self,
+        _namespace: String,
+        _key: String,
+        _value: Vec<u8>,
+        _ttl_ms: Option<u64>,
+        _expected_version: Option<u64>,
+    ) -> wasmtime::Result<Result<u64, CacheError>> {
+        Ok(Ok(1))
+    }
+
+    async fn cache_delete(
+        &mut self,
+        _namespace: String,
+        _key: String,
+        _expected_version: Option<u64>,
+    ) -> wasmtime::Result<Result<bool, CacheError>> {
+        Ok(Ok(false))
     }
 
     fn log(&mut self, _level: LogLevel, _message: String) -> wasmtime::Result<()> {

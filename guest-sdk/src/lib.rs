@@ -89,6 +89,7 @@
 // works from other crates; this alias makes those paths resolve here too.
 extern crate self as fief_guest;
 
+pub mod cache;
 pub mod codec;
 pub mod host;
 mod key;
@@ -101,7 +102,8 @@ pub use key::Key;
 pub use serde;
 
 pub use __private::bindings::fief::key::types::{
-    CallError, EffectError, FenceDecision, Info, LogLevel, Publication, StopReason, TimerFired,
+    CacheEntry, CacheError, CallError, EffectError, FenceDecision, Info, LogLevel, Publication,
+    StopReason, TimerFired,
 };
 
 /// Exports a [`Key`] implementation as this crate's key module.

@@ -2,8 +2,9 @@
 //!
 //! Every `host` import is *trappable*: an import refused by the side-effect
 //! gate (the key was killed, or its node fenced) traps the guest instead of
-//! returning, so no guest code runs after the refusal. `call` is async: the
-//! calling key's store is suspended while the callee works.
+//! returning, so no guest code runs after the refusal. `call` and the cache
+//! imports are async: the calling key's store is suspended while the callee
+//! (or the cache entry's owner) works.
 
 // The generated items mirror the WIT, whose doc comments are the
 // documentation; rustdoc cannot see them on every generated item.
@@ -14,6 +15,9 @@ wasmtime::component::bindgen!({
     world: "key-module",
     imports: {
         "fief:key/host.call": async | trappable,
+        "fief:key/host.cache-get": async | trappable,
+        "fief:key/host.cache-put": async | trappable,
+        "fief:key/host.cache-delete": async | trappable,
         default: trappable,
     },
     exports: {

@@ -7,6 +7,7 @@
 //! outsider can make the node allocate has a named limit here.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use fief_core::fence::{DEFAULT_HANDLE_FENCE_DEADLINE, DEFAULT_KILL_BOUND};
@@ -71,6 +72,13 @@ pub struct NodeConfig {
     /// How long a call waits for a reply before it fails with `timeout`.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
+    /// Directory of compiled components, keyed by content hash and engine
+    /// settings, so a restarted node does not recompile; `None` compiles
+    /// every deploy. It must be writable only by the node's user.
+    pub compile_cache: Option<PathBuf>,
+    /// Bound on the coherent cache's entries this node holds (values, names
+    /// and bookkeeping); least recently used entries are evicted beyond it.
+    pub cache_max_bytes: ByteSize,
 }
 
 impl Default for NodeConfig {
@@ -92,6 +100,8 @@ impl Default for NodeConfig {
             max_live_keys: 10_000,
             max_memory_per_key: ByteSize::mib(256),
             call_timeout: Duration::from_secs(5),
+            compile_cache: None,
+            cache_max_bytes: ByteSize::mib(64),
         }
     }
 }
@@ -151,6 +161,12 @@ impl NodeConfig {
                 "kill_bound ({:?}) must be at least two epoch ticks ({:?}): a running guest notices a kill at the next tick",
                 self.kill_bound,
                 self.epoch_tick * 2
+            ));
+        }
+        if self.cache_max_bytes.as_u64() < 4096 {
+            return bad(format!(
+                "cache_max_bytes ({}) must be at least 4 KiB",
+                self.cache_max_bytes
             ));
         }
         if self.max_live_keys == 0 {

@@ -138,6 +138,26 @@ pub enum Error {
     /// No such HTTP endpoint.
     #[error("no such endpoint: {0}; see the API table in docs/design.md")]
     NoSuchEndpoint(String),
+    /// A cache write's precondition (`If-Match` / `If-None-Match`) did not
+    /// hold; nothing was written.
+    #[error(
+        "version conflict: the entry's current version is {}; read it again and retry the write",
+        current.map_or_else(|| "none (there is no entry)".to_owned(), |v| v.to_string())
+    )]
+    VersionConflict {
+        /// The entry's version now, if there is one.
+        current: Option<u64>,
+    },
+    /// A cache entry bigger than the node's whole cache.
+    #[error(
+        "a cache entry of {size} bytes (value, names and bookkeeping) is over the cache's bound of {limit} bytes; store less or raise cache_max_bytes"
+    )]
+    CacheEntryTooLarge {
+        /// The entry's charge.
+        size: usize,
+        /// The bound.
+        limit: usize,
+    },
     /// Something that should not happen; a bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -170,6 +190,8 @@ impl Error {
             Error::Config(_) => "invalid_config",
             Error::NoSuchEndpoint(_) => "no_such_endpoint",
             Error::MethodNotAllowed(_) => "method_not_allowed",
+            Error::VersionConflict { .. } => "version_conflict",
+            Error::CacheEntryTooLarge { .. } => "cache_entry_too_large",
             Error::Internal(_) => "internal",
         }
     }
@@ -182,7 +204,8 @@ impl Error {
             | Error::InvalidModuleName { .. }
             | Error::InvalidOptions(_)
             | Error::Config(_) => 400,
-            Error::MessageTooLarge { .. } => 413,
+            Error::MessageTooLarge { .. } | Error::CacheEntryTooLarge { .. } => 413,
+            Error::VersionConflict { .. } => 412,
             Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
             Error::Deadlock => 409,
             Error::MethodNotAllowed(_) => 405,

@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use crate::bindings::host::Host;
-use crate::bindings::types::{self, CallError, EffectError, LogLevel};
+use crate::bindings::types::{self, CacheError, CallError, EffectError, LogLevel};
+use crate::cache::{CacheOp, CacheOutcome, Expect, unexpected_outcome};
 use crate::error::Error;
 use crate::key::{KeyCtx, arm_timer};
 use crate::pubsub::MAX_TOPIC_BYTES;
@@ -160,6 +161,79 @@ impl Host for KeyCtx {
         }))
     }
 
+    async fn cache_get(
+        &mut self,
+        namespace: String,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<types::CacheEntry>, CacheError>> {
+        let node = self.gate()?;
+        let op = CacheOp::Get { namespace, key };
+        let outcome = node.cache_op(op).await;
+        self.gate()?;
+        Ok(outcome
+            .and_then(|o| match o {
+                CacheOutcome::Found(entry) => Ok(entry.map(|e| types::CacheEntry {
+                    value: e.value,
+                    version: e.version,
+                })),
+                other => Err(unexpected_outcome(&other)),
+            })
+            .map_err(cache_error))
+    }
+
+    async fn cache_put(
+        &mut self,
+        namespace: String,
+        key: String,
+        value: Vec<u8>,
+        ttl_ms: Option<u64>,
+        expected_version: Option<u64>,
+    ) -> wasmtime::Result<Result<u64, CacheError>> {
+        let node = self.gate()?;
+        if let Err(e) = node.check_message(&value) {
+            return Ok(Err(cache_error(e)));
+        }
+        let op = CacheOp::Put {
+            namespace,
+            key,
+            value,
+            ttl_ms: ttl_ms.map(|ms| ms.max(1)),
+            expect: expectation(expected_version),
+        };
+        let outcome = node.cache_op(op).await;
+        self.gate()?;
+        Ok(outcome
+            .and_then(|o| match o {
+                CacheOutcome::Written { version } => Ok(version),
+                CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
+                other => Err(unexpected_outcome(&other)),
+            })
+            .map_err(cache_error))
+    }
+
+    async fn cache_delete(
+        &mut self,
+        namespace: String,
+        key: String,
+        expected_version: Option<u64>,
+    ) -> wasmtime::Result<Result<bool, CacheError>> {
+        let node = self.gate()?;
+        let op = CacheOp::Delete {
+            namespace,
+            key,
+            expect: expectation(expected_version),
+        };
+        let outcome = node.cache_op(op).await;
+        self.gate()?;
+        Ok(outcome
+            .and_then(|o| match o {
+                CacheOutcome::Deleted(existed) => Ok(existed),
+                CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
+                other => Err(unexpected_outcome(&other)),
+            })
+            .map_err(cache_error))
+    }
+
     fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
         self.gate()?;
         let (module, key) = (&*self.env.module, &*self.env.key);
@@ -171,6 +245,26 @@ impl Host for KeyCtx {
             LogLevel::Error => tracing::error!(target: "fief::guest", module, key, "{message}"),
         }
         Ok(())
+    }
+}
+
+/// The WIT's `expected-version` (0: no entry) as a precondition.
+fn expectation(expected_version: Option<u64>) -> Expect {
+    match expected_version {
+        None => Expect::Any,
+        Some(0) => Expect::Absent,
+        Some(v) => Expect::Version(v),
+    }
+}
+
+/// Map a node error to what a guest using the cache sees.
+fn cache_error(error: Error) -> CacheError {
+    match error {
+        Error::VersionConflict { current } => CacheError::Conflict(current),
+        Error::InvalidKey(_) | Error::MessageTooLarge { .. } | Error::CacheEntryTooLarge { .. } => {
+            CacheError::Invalid(error.to_string())
+        }
+        other => CacheError::Unavailable(other.to_string()),
     }
 }
 

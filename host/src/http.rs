@@ -1,4 +1,5 @@
-//! The HTTP API of a node (axum): deploy modules, call and cast keys, status.
+//! The HTTP API of a node (axum): deploy modules, call and cast keys, the
+//! coherent cache, status.
 //!
 //! | method and path | what |
 //! |---|---|
@@ -10,6 +11,9 @@
 //! | `GET /v1/status` | the node's [`Status`](crate::Status) |
 //! | `POST /v1/leave` | leave the cluster gracefully, then stop |
 //! | `GET /v1/limbo` | the survivors in limbo ([`LimboEntry`](crate::LimboEntry)) |
+//! | `GET /v1/cache/{namespace}/{key}` | a cache entry: raw value, `ETag` = version; `404` if none |
+//! | `PUT /v1/cache/{namespace}/{key}?ttl=10s` | write (raw body); `If-Match` / `If-None-Match: *` for compare-and-set (`412` on conflict) |
+//! | `DELETE /v1/cache/{namespace}/{key}` | delete (`If-Match` honoured) |
 //!
 //! Every error is JSON `{"error":{"code":"…","message":"…"}}` with the status
 //! of [`Error::http_status`]. Bodies are read with a limit (the node's
@@ -22,11 +26,12 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde_json::json;
 
+use crate::cache::{Expect, PutOptions};
 use crate::config::ModuleOptions;
 use crate::error::Error;
 use crate::module::MAX_MODULE_BYTES;
@@ -52,6 +57,10 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/leave", post(leave))
         .route("/v1/limbo", get(limbo))
+        .route(
+            "/v1/cache/{namespace}/{key}",
+            get(cache_get).put(cache_put).delete(cache_delete),
+        )
         .method_not_allowed_fallback(
             |method: axum::http::Method, uri: axum::http::Uri| async move {
                 Error::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
@@ -102,9 +111,23 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Error> {
 fn key_path(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<(String, String), Error> {
+    path_pair(path, "module and key")
+}
+
+fn cache_path(
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(String, String), Error> {
+    path_pair(path, "cache namespace and key")
+}
+
+/// The two path segments of a route, or an error naming `what` they are.
+fn path_pair(
+    path: Result<Path<(String, String)>, PathRejection>,
+    what: &str,
+) -> Result<(String, String), Error> {
     path.map(|Path(p)| p).map_err(|e| {
         Error::InvalidKey(format!(
-            "the module and key in the path must be valid percent-encoded UTF-8: {e}"
+            "the {what} in the path must be valid percent-encoded UTF-8: {e}"
         ))
     })
 }
@@ -183,4 +206,135 @@ async fn limbo(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
 
 async fn status(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
     axum::Json(instance.status())
+}
+
+/// A version as an entity tag: the number in quotes.
+fn etag(version: u64) -> String {
+    format!("\"{version}\"")
+}
+
+/// The write precondition the request's `If-Match` / `If-None-Match: *`
+/// headers ask for.
+fn expectation(headers: &HeaderMap) -> Result<Expect, Error> {
+    let text = |name: header::HeaderName| {
+        headers
+            .get(&name)
+            .map(|v| {
+                v.to_str()
+                    .map(str::trim)
+                    .map_err(|_| Error::InvalidKey(format!("the {name} header must be ASCII")))
+            })
+            .transpose()
+    };
+    if let Some(value) = text(header::IF_NONE_MATCH)? {
+        return if value == "*" {
+            Ok(Expect::Absent)
+        } else {
+            Err(Error::InvalidKey(format!(
+                "If-None-Match {value:?} is not supported: use `*` (write only if there is no entry)"
+            )))
+        };
+    }
+    match text(header::IF_MATCH)? {
+        None => Ok(Expect::Any),
+        Some(value) => value
+            .trim_start_matches("W/")
+            .trim_matches('"')
+            .parse()
+            .map(Expect::Version)
+            .map_err(|_| {
+                Error::InvalidKey(format!(
+                    "If-Match {value:?} is not a cache version: send the ETag a read returned, e.g. If-Match: \"42\""
+                ))
+            }),
+    }
+}
+
+/// Cache query parameters.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheQuery {
+    /// Time-to-live, e.g. `10s`.
+    ttl: Option<String>,
+}
+
+async fn cache_get(
+    State(instance): State<Arc<Instance>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, Error> {
+    let (namespace, key) = cache_path(path)?;
+    Ok(match instance.cache().get(&namespace, &key).await? {
+        Some(entry) => {
+            let mut response = (
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+                    (header::ETAG, etag(entry.version)),
+                ],
+                entry.value,
+            )
+                .into_response();
+            if let Some(left) = entry.expires_in
+                && let Ok(value) = left.as_millis().to_string().parse()
+            {
+                response.headers_mut().insert("x-fief-expires-in-ms", value);
+            }
+            response
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": {
+                "code": "not_found",
+                "message": format!("no entry for key {key:?} in cache namespace {namespace:?}"),
+            }})),
+        )
+            .into_response(),
+    })
+}
+
+async fn cache_put(
+    State(instance): State<Arc<Instance>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<CacheQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, Error> {
+    let (namespace, key) = cache_path(path)?;
+    let Query(query) = query.map_err(|e| {
+        Error::InvalidKey(format!(
+            "the query string is malformed: {e} (the only parameter is ttl, e.g. ?ttl=10s)"
+        ))
+    })?;
+    let ttl = query
+        .ttl
+        .map(|text| {
+            humantime::parse_duration(&text).map_err(|e| {
+                Error::InvalidKey(format!(
+                    "ttl {text:?} is not a duration such as 10s or 500ms: {e}"
+                ))
+            })
+        })
+        .transpose()?;
+    let expect = expectation(&headers)?;
+    let limit = instance.config().max_message_size.as_u64() as usize;
+    let value = read_body(body, limit).await?;
+    let options = PutOptions { ttl, expect };
+    let version = instance
+        .cache()
+        .put(&namespace, &key, value.to_vec(), options)
+        .await?;
+    Ok((
+        [(header::ETAG, etag(version))],
+        axum::Json(json!({"version": version})),
+    ))
+}
+
+async fn cache_delete(
+    State(instance): State<Arc<Instance>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, Error> {
+    let (namespace, key) = cache_path(path)?;
+    let expect = expectation(&headers)?;
+    let deleted = instance.cache().delete(&namespace, &key, expect).await?;
+    Ok(axum::Json(json!({"deleted": deleted})))
 }

@@ -13,7 +13,9 @@
 
 pub mod arbiter;
 pub mod bindings;
+pub mod cache;
 pub mod clock;
+pub mod compile_cache;
 pub mod config;
 pub mod error;
 mod guest_log;
@@ -28,6 +30,7 @@ mod runtime;
 mod transport;
 
 pub use bindings::types::StopReason;
+pub use cache::{Cache, CacheEntry, CacheStats};
 pub use clock::{SteppedClock, TokioClock};
 pub use config::{ModuleOptions, NodeConfig};
 pub use error::{Error, Result};

@@ -38,6 +38,71 @@ enum Command {
     Leave(NodeUrl),
     /// List the survivors in a node's limbo.
     Limbo(StatusArgs),
+    /// Read and write the coherent cache.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Print an entry's value (fails if there is none).
+    Get {
+        #[command(flatten)]
+        entry: CacheEntryArgs,
+        /// Also print the version and time left (to stderr).
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// Write an entry and print its new version.
+    Put {
+        #[command(flatten)]
+        entry: CacheEntryArgs,
+        /// The value, as UTF-8 bytes.
+        value: String,
+        /// Drop the entry after this long, e.g. `10s`.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+        #[command(flatten)]
+        expect: CacheExpectArgs,
+    },
+    /// Delete an entry.
+    Delete {
+        #[command(flatten)]
+        entry: CacheEntryArgs,
+        #[command(flatten)]
+        expect: CacheExpectArgs,
+    },
+}
+
+#[derive(Args)]
+struct CacheEntryArgs {
+    /// The cache namespace.
+    namespace: String,
+    /// The key.
+    key: String,
+    /// The node's HTTP address.
+    #[arg(long, env = "FIEF_NODE", default_value = "http://127.0.0.1:7070")]
+    node: String,
+}
+
+#[derive(Args)]
+struct CacheExpectArgs {
+    /// Only if the entry's version is this one (compare-and-set).
+    #[arg(long, value_name = "VERSION", conflicts_with = "if_absent")]
+    if_version: Option<u64>,
+    /// Only if there is no entry.
+    #[arg(long)]
+    if_absent: bool,
+}
+
+impl CacheExpectArgs {
+    fn apply(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match (self.if_version, self.if_absent) {
+            (Some(version), _) => request.header("if-match", format!("\"{version}\"")),
+            (None, true) => request.header("if-none-match", "*"),
+            (None, false) => request,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -78,6 +143,13 @@ struct NodeArgs {
     /// Most live keys on this node.
     #[arg(long, env = "FIEF_MAX_LIVE_KEYS")]
     max_live_keys: Option<u32>,
+    /// Directory of compiled components, so a restart does not recompile
+    /// (default: `$XDG_CACHE_HOME/fief` or `~/.cache/fief`).
+    #[arg(long, env = "FIEF_COMPILE_CACHE", conflicts_with = "no_compile_cache")]
+    compile_cache: Option<PathBuf>,
+    /// Compile every deploy; keep no compile cache.
+    #[arg(long)]
+    no_compile_cache: bool,
     /// Deploy a module at start: `NAME=PATH.wasm` (repeatable).
     #[arg(long = "deploy", value_name = "NAME=PATH")]
     deploy: Vec<String>,
@@ -162,6 +234,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status(args).await,
         Command::Leave(args) => leave(args).await,
         Command::Limbo(args) => limbo(args).await,
+        Command::Cache(command) => cache(command).await,
     }
 }
 
@@ -192,7 +265,27 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
     if let Some(addr) = args.peer_listen {
         config.peer_listen = Some(addr);
     }
+    if args.no_compile_cache {
+        config.compile_cache = None;
+    } else if let Some(dir) = args.compile_cache.clone() {
+        config.compile_cache = Some(dir);
+    } else if config.compile_cache.is_none() {
+        config.compile_cache = default_compile_cache();
+    }
     Ok(config)
+}
+
+/// `$XDG_CACHE_HOME/fief`, else `$HOME/.cache/fief`; none without either.
+fn default_compile_cache() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|home| PathBuf::from(home).join(".cache"))
+        })?;
+    Some(base.join("fief"))
 }
 
 async fn node(args: NodeArgs) -> anyhow::Result<()> {
@@ -312,22 +405,104 @@ async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
     );
     let request = client().put(&url).query(&query).body(wasm);
     let info: serde_json::Value = send(&args.node, request).await?.json().await?;
-    println!("deployed {} version {}", args.module, info["version"]);
+    let how = if info["compile_cached"].as_bool() == Some(true) {
+        "loaded from the compile cache"
+    } else {
+        "compiled"
+    };
+    println!(
+        "deployed {} version {} ({how} in {} ms)",
+        args.module, info["version"], info["compile_ms"]
+    );
     Ok(())
 }
 
-async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
-    let url = reqwest::Url::parse(&args.node)
-        .with_context(|| format!("--node {:?} is not a URL", args.node))?;
-    let mut url = url;
+/// `node`'s URL with `segments` appended, each percent-encoded.
+fn api_url(node: &str, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
+    let mut url =
+        reqwest::Url::parse(node).with_context(|| format!("--node {node:?} is not a URL"))?;
     url.path_segments_mut()
-        .map_err(|()| anyhow::anyhow!("--node {:?} cannot take a path", args.node))?
+        .map_err(|()| anyhow::anyhow!("--node {node:?} cannot take a path"))?
         .pop_if_empty()
-        .extend(["v1", "keys", &args.module, &args.key, verb]);
+        .extend(segments);
+    Ok(url)
+}
+
+async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
+    let url = api_url(&args.node, &["v1", "keys", &args.module, &args.key, verb])?;
     let response = send(&args.node, client().post(url).body(args.message)).await?;
     if verb == "call" {
         let reply = response.bytes().await?;
         println!("{}", String::from_utf8_lossy(&reply));
+    }
+    Ok(())
+}
+
+async fn cache(command: CacheCommand) -> anyhow::Result<()> {
+    let entry_url = |entry: &CacheEntryArgs| {
+        api_url(&entry.node, &["v1", "cache", &entry.namespace, &entry.key])
+    };
+    match command {
+        CacheCommand::Get { entry, verbose } => {
+            let url = entry_url(&entry)?;
+            let response = client()
+                .get(url)
+                .send()
+                .await
+                .map_err(connect_error(&entry.node))?;
+            if response.status() == reqwest::StatusCode::NOT_FOUND {
+                bail!(
+                    "no entry for key {:?} in cache namespace {:?}",
+                    entry.key,
+                    entry.namespace
+                );
+            }
+            if !response.status().is_success() {
+                return Err(api_error(response).await);
+            }
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| v.trim_matches('"').to_owned())
+            };
+            let (version, left) = (header("etag"), header("x-fief-expires-in-ms"));
+            if verbose {
+                eprintln!(
+                    "version {}{}",
+                    version.as_deref().unwrap_or("?"),
+                    left.map(|ms| format!(", expires in {ms} ms"))
+                        .unwrap_or_default()
+                );
+            }
+            println!("{}", String::from_utf8_lossy(&response.bytes().await?));
+        }
+        CacheCommand::Put {
+            entry,
+            value,
+            ttl,
+            expect,
+        } => {
+            let mut request = client().put(entry_url(&entry)?).body(value);
+            if let Some(ttl) = ttl {
+                request = request.query(&[("ttl", humantime::format_duration(ttl).to_string())]);
+            }
+            let reply: serde_json::Value = send(&entry.node, expect.apply(request))
+                .await?
+                .json()
+                .await?;
+            println!("version {}", reply["version"]);
+        }
+        CacheCommand::Delete { entry, expect } => {
+            let request = expect.apply(client().delete(entry_url(&entry)?));
+            let reply: serde_json::Value = send(&entry.node, request).await?.json().await?;
+            if reply["deleted"].as_bool() == Some(true) {
+                println!("deleted");
+            } else {
+                println!("there was no entry");
+            }
+        }
     }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! Each failure is an [`Error::InvalidModule`] that says what is wrong and
 //! what to do. A compiled module is an [`InstancePre`](wasmtime::component::InstancePre)
 //! wrapped by the generated bindings, so activating a key skips all import
-//! resolution.
+//! resolution. Compilation goes through the node's
+//! [compile cache](crate::compile_cache) when it has one.
 
 use std::time::{Duration, SystemTime};
 
@@ -15,6 +16,7 @@ use wasmparser::Parser;
 use wasmtime::component::Component;
 
 use crate::bindings::KeyModulePre;
+use crate::compile_cache::content_hash;
 use crate::config::ModuleOptions;
 use crate::error::{Error, Result};
 use crate::key::KeyCtx;
@@ -32,8 +34,12 @@ pub struct CompiledModule {
     pub options: ModuleOptions,
     /// Size of the component, in bytes.
     pub size_bytes: usize,
-    /// How long compilation took.
+    /// How long compilation (or loading it from the compile cache) took.
     pub compile_time: Duration,
+    /// Whether the compilation came from the compile cache.
+    pub compile_cached: bool,
+    /// SHA-256 of the component, lowercase hex.
+    pub content_hash: String,
     /// When it was deployed.
     pub deployed_at: SystemTime,
 }
@@ -68,8 +74,15 @@ pub(crate) fn compile(
 ) -> Result<CompiledModule> {
     check_binary_kind(bytes)?;
     let started = std::time::Instant::now();
-    let component = Component::new(&runtime.engine, bytes)
-        .map_err(|e| Error::InvalidModule(format!("the component does not compile: {e:#}")))?;
+    let content_hash = content_hash(bytes);
+    let cache = runtime.compile_cache.as_ref();
+    let cached = cache.and_then(|cache| cache.load(&runtime.engine, &content_hash));
+    let compile_cached = cached.is_some();
+    let component = match cached {
+        Some(component) => component,
+        None => Component::new(&runtime.engine, bytes)
+            .map_err(|e| Error::InvalidModule(format!("the component does not compile: {e:#}")))?,
+    };
     let compile_time = started.elapsed();
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         Error::InvalidModule(format!(
@@ -81,12 +94,19 @@ pub(crate) fn compile(
             "the component does not implement the fief:key/key-module@0.1.0 world ({e:#}); it must export fief:key/lifecycle@0.1.0 (with the Rust SDK: `fief_guest::export_key!(YourKey);`)"
         ))
     })?;
+    // Cache only what passed validation, so a refused component costs a
+    // compile every time but never fills the disk.
+    if let (Some(cache), false) = (cache, compile_cached) {
+        cache.store(&content_hash, &component);
+    }
     Ok(CompiledModule {
         pre,
         version,
         options,
         size_bytes: bytes.len(),
         compile_time,
+        compile_cached,
+        content_hash,
         deployed_at: SystemTime::now(),
     })
 }

@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::arbiter::{Arbiter, ArbiterError, LeaseId, LocalArbiter, Member, PostgresArbiter, Term};
 use crate::bindings::types::StopReason;
+use crate::cache::{Cache, CacheStats, CacheStore};
 use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig, validate_key, validate_module_name};
 use crate::error::{Error, Result};
@@ -43,7 +44,7 @@ pub(crate) struct NodeShared {
     pub(crate) pubsub: PubSub,
     pub(crate) tasks: TaskTracker,
     pub(crate) limbo: Limbo,
-    clock: Arc<dyn NodeClock>,
+    pub(crate) clock: Arc<dyn NodeClock>,
     arbiter: Arc<dyn Arbiter>,
     /// Live members as the arbiter last reported them.
     members: RwLock<BTreeMap<NodeId, Member>>,
@@ -75,6 +76,8 @@ pub(crate) struct NodeShared {
     /// Set when someone asked the node's host program to stop (after a
     /// leave through the API).
     stop_requested: watch::Sender<bool>,
+    /// The coherent cache's entries this node holds as owner.
+    pub(crate) cache: Mutex<CacheStore>,
 }
 
 /// Handoff states waiting for their key's activation: (module, key) →
@@ -131,7 +134,7 @@ impl NodeShared {
             .collect()
     }
 
-    fn check_message(&self, message: &[u8]) -> Result<()> {
+    pub(crate) fn check_message(&self, message: &[u8]) -> Result<()> {
         let limit = self.config.max_message_size.as_u64() as usize;
         if message.len() > limit {
             return Err(Error::MessageTooLarge {
@@ -166,6 +169,7 @@ impl NodeShared {
             version,
             bytes = compiled.size_bytes,
             compile_ms = compiled.compile_time.as_millis(),
+            cached = compiled.compile_cached,
             "module deployed"
         );
         match existing {
@@ -183,7 +187,7 @@ impl NodeShared {
 
     /// Decide where a message for `key` goes, as of now. A partition being
     /// handed off is not served by anyone until the move completes.
-    fn route(&self, key: &str) -> Route {
+    pub(crate) fn route(&self, key: &str) -> Route {
         let route = self.table().route(&self.node_id, self.lease_status(), key);
         match route {
             Route::Local { partition, .. } if lock(&self.draining).contains(&partition) => {
@@ -290,6 +294,7 @@ impl NodeShared {
                         .write()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .update_from(&table);
+                    self.drop_unowned_cache();
                     tracing::info!(node = %self.node_id, to = %to, partitions = partitions.len(), keys = entries.len(), "partitions handed off");
                     let _ = self.peers.request(&addr, PeerRequest::Nudge, limit).await;
                 }
@@ -350,25 +355,43 @@ impl NodeShared {
     ) -> Result<Vec<u8>> {
         self.check_message(&message)?;
         validate_key(key)?;
-        // One bounded retry: if the owner per our table is gone or says it
-        // is not the owner, our table may be stale; refresh it and route
-        // once more.
+        let request = || PeerRequest::Call {
+            module: module.to_owned(),
+            key: key.to_owned(),
+            message: message.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        match self.forward(key, request, timeout).await {
+            Some(reply) => reply,
+            None => self.call_local(module, key, message, timeout).await,
+        }
+    }
+
+    /// Send `request` to the owner of `key` if another node owns it, and
+    /// return its answer; `None` when this node is the one to serve it (or
+    /// refuse it), which the caller does locally.
+    ///
+    /// One bounded retry: if the owner per our table is gone or says it is
+    /// not the owner, our table may be stale; refresh it and route once more.
+    pub(crate) async fn forward(
+        self: &Arc<Self>,
+        key: &str,
+        request: impl Fn() -> PeerRequest,
+        timeout: Duration,
+    ) -> Option<Result<Vec<u8>>> {
         for attempt in 0..2 {
             let Route::Forward { owner, .. } = self.route(key) else {
-                return self.call_local(module, key, message, timeout).await;
+                return None;
             };
-            let addr = self.peer_addr_of(&owner)?;
-            let request = PeerRequest::Call {
-                module: module.to_owned(),
-                key: key.to_owned(),
-                message: message.clone(),
-                timeout_ms: timeout.as_millis() as u64,
+            let addr = match self.peer_addr_of(&owner) {
+                Ok(addr) => addr,
+                Err(e) => return Some(Err(e)),
             };
-            match self.peers.request(&addr, request, timeout).await {
+            match self.peers.request(&addr, request(), timeout).await {
                 Err(e) if attempt == 0 && stale_route(&e) && self.refresh_table().await => {
                     continue;
                 }
-                result => return result.map_err(|e| name_owner(e, &owner, &addr)),
+                result => return Some(result.map_err(|e| name_owner(e, &owner, &addr))),
             }
         }
         unreachable!("the loop returns on its second attempt")
@@ -412,6 +435,7 @@ impl NodeShared {
             .update_from(&newer);
         if changed {
             self.kill_lost_keys(&newer);
+            self.drop_unowned_cache();
         }
         changed
     }
@@ -520,6 +544,7 @@ impl NodeShared {
                 self.sync_now.notify_one();
                 Ok(Vec::new())
             }
+            PeerRequest::Cache(op) => self.cache_local(op).map(|outcome| outcome.encode()),
             PeerRequest::Hello { .. } => Ok(Vec::new()),
         }
     }
@@ -551,8 +576,25 @@ impl NodeShared {
             .sum();
         // Running guests notice the kill flag at their next epoch check.
         self.runtime.engine.increment_epoch();
+        // A fenced node serves no cache entry, and keeps none to serve later.
+        lock(&self.cache).clear();
         *lock(&self.fences) += 1;
         tracing::warn!(node = %self.node_id, cause, killed, "node fenced");
+    }
+
+    /// Drop cache entries of partitions this node no longer owns under the
+    /// token they were written with (their reads would miss anyway).
+    fn drop_unowned_cache(&self) {
+        let table = self.table();
+        let me = &self.node_id;
+        let dropped = lock(&self.cache).retain_owned(|p, token| {
+            table
+                .owner(p)
+                .is_some_and(|a| &a.node == me && a.token == token)
+        });
+        if dropped > 0 {
+            tracing::debug!(node = %self.node_id, dropped, "cache entries dropped at an ownership change");
+        }
     }
 
     /// Kill keys whose partitions this node no longer owns per `table`.
@@ -590,7 +632,7 @@ fn name_owner(error: Error, owner: &NodeId, addr: &str) -> Error {
     }
 }
 
-fn refused(refusal: RouteRefusal) -> Error {
+pub(crate) fn refused(refusal: RouteRefusal) -> Error {
     match refusal {
         RouteRefusal::Fenced => Error::Fenced,
         RouteRefusal::Unowned(p) => Error::Unowned(p),
@@ -618,8 +660,14 @@ pub struct ModuleInfo {
     pub version: u64,
     /// Component size in bytes.
     pub size_bytes: usize,
-    /// Compile time of that version, in milliseconds.
+    /// Compile time of that version, in milliseconds (the load time when it
+    /// came from the compile cache).
     pub compile_ms: u128,
+    /// Whether that version was loaded from the compile cache instead of
+    /// being compiled.
+    pub compile_cached: bool,
+    /// SHA-256 of the component, lowercase hex.
+    pub content_hash: String,
     /// When that version was deployed.
     #[serde(with = "humantime_serde")]
     pub deployed_at: SystemTime,
@@ -674,6 +722,8 @@ pub struct Status {
     pub nodes: Vec<NodeStatus>,
     /// Live key processes on this node.
     pub live_keys: usize,
+    /// The coherent cache's counters on this node.
+    pub cache: CacheStats,
     /// Topics with subscribers on this node.
     pub topics: usize,
     /// Deployed modules.
@@ -771,6 +821,8 @@ impl InstanceBuilder {
         };
         let runtime = Runtime::new(&config)?;
         let limbo = Limbo::start(runtime.engine.clone());
+        let cache_max_bytes =
+            usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
             table: RwLock::new(OwnershipTable::new(config.partition_count())),
@@ -802,6 +854,7 @@ impl InstanceBuilder {
             coordination_crash: std::sync::atomic::AtomicBool::new(false),
             fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
+            cache: Mutex::new(CacheStore::new(cache_max_bytes)),
         });
         for (name, wasm, options) in self.modules {
             shared.deploy(&name, &wasm, options).await?;
@@ -993,8 +1046,17 @@ impl Instance {
                 })
                 .collect(),
             live_keys: modules.iter().map(|m| m.live_keys).sum(),
+            cache: shared.cache_stats(),
             topics: shared.pubsub.topic_count(),
             modules,
+        }
+    }
+
+    /// The cluster's coherent cache, reached through this node: every
+    /// operation goes to the owner of its key's partition.
+    pub fn cache(&self) -> Cache {
+        Cache {
+            shared: self.shared.clone(),
         }
     }
 
@@ -1218,6 +1280,8 @@ fn module_info(slot: &ModuleSlot) -> ModuleInfo {
         version: current.version,
         size_bytes: current.size_bytes,
         compile_ms: current.compile_time.as_millis(),
+        compile_cached: current.compile_cached,
+        content_hash: current.content_hash.clone(),
         deployed_at: current.deployed_at,
         live_keys: slot.live_keys(),
         options: current.options.clone(),

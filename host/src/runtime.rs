@@ -17,6 +17,7 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::bindings::KeyModule;
+use crate::compile_cache::CompileCache;
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::key::KeyCtx;
@@ -34,6 +35,8 @@ const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 pub(crate) struct Runtime {
     pub(crate) engine: Engine,
     pub(crate) linker: Linker<KeyCtx>,
+    /// Compiled components on disk, when the node has a cache directory.
+    pub(crate) compile_cache: Option<CompileCache>,
     _ticker: EpochTicker,
 }
 
@@ -68,10 +71,16 @@ impl Runtime {
         KeyModule::add_to_linker::<KeyCtx, HasSelf<KeyCtx>>(&mut linker, |ctx| ctx)
             .map_err(|e| Error::Internal(format!("linking fief:key/host: {e}")))?;
 
+        let compile_cache = match &config.compile_cache {
+            Some(dir) => Some(CompileCache::open(dir, &engine).map_err(Error::Config)?),
+            None => None,
+        };
+
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick);
         Ok(Runtime {
             engine,
             linker,
+            compile_cache,
             _ticker: ticker,
         })
     }

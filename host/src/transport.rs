@@ -25,6 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
+use crate::cache::CacheOp;
 use crate::error::{Error, Result};
 use crate::key::lock;
 use crate::node::NodeShared;
@@ -61,6 +62,9 @@ pub(crate) enum PeerRequest {
     Move { moves: Vec<(u32, String)> },
     /// The table changed: refresh it now rather than at the next renewal.
     Nudge,
+    /// A cache operation for a key the receiver owns; the response carries
+    /// the postcard-encoded outcome.
+    Cache(CacheOp),
 }
 
 /// One key's handoff state, on its way to the new owner.
@@ -112,7 +116,7 @@ impl WireError {
 fn code_status(code: &str) -> u16 {
     match code {
         "invalid_key" | "invalid_module_name" => 400,
-        "message_too_large" => 413,
+        "message_too_large" | "cache_entry_too_large" => 413,
         "init_refused" => 422,
         "overloaded" | "too_many_keys" => 429,
         "key_died" | "internal" => 500,

@@ -4,7 +4,9 @@
 
 mod arbiter;
 mod bad_input;
+mod cache;
 mod cluster;
+mod compile_cache;
 mod config;
 mod fence_modes;
 mod host_imports;
@@ -12,6 +14,7 @@ mod http_cli;
 mod kill;
 mod limbo;
 mod limits;
+mod linearizability;
 mod processes;
 mod runtime;
 mod self_fencing;

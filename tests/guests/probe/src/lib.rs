@@ -24,6 +24,10 @@
 //! | `init-state`                   | the handoff state `init` got (lossy UTF-8), or `none` |
 //! | `on-fence continue` / `on-fence stop` | `ok`; sets the answer to `handle-fence`   |
 //! | `panic`                        | none: the guest panics (the process traps)       |
+//! | `cache-get <ns> <key>`         | `<version> <value>`, `none`, or `error: ...`     |
+//! | `cache-put <ns> <key> <value>` | the new version, or `error: ...`                 |
+//! | `cache-cas <ns> <key> <version> <value>` | as `cache-put`, only if the version matches (0: if absent) |
+//! | `cache-delete <ns> <key>`      | `true` if there was an entry, else `false`       |
 //!
 //! Events recorded, in the order they arrive: each cast as `cast:<msg>`
 //! (so cast `record <text>` records `cast:record <text>`), each fired timer as
@@ -40,6 +44,7 @@
 
 use core::time::Duration;
 
+use fief_guest::cache::{self, Write};
 use fief_guest::{FenceDecision, Info, Key, StopReason, TimerId, export_key, host};
 
 /// Timeout of the `call` command.
@@ -171,6 +176,43 @@ impl Probe {
                 "ok".to_owned()
             }
             "panic" => panic!("probe: panic requested"),
+            "cache-get" => {
+                let (namespace, key) = split_word(args);
+                reply_or_error(cache::get(namespace, key), |entry| match entry {
+                    Some(entry) => format!(
+                        "{} {}",
+                        entry.version,
+                        String::from_utf8_lossy(&entry.value)
+                    ),
+                    None => "none".to_owned(),
+                })
+            }
+            "cache-put" => {
+                let (namespace, rest) = split_word(args);
+                let (key, value) = split_word(rest);
+                let written = cache::put(namespace, key, value.as_bytes(), None, Write::Always);
+                reply_or_error(written, |version| version.to_string())
+            }
+            "cache-cas" => {
+                let (namespace, rest) = split_word(args);
+                let (key, rest) = split_word(rest);
+                let (version, value) = split_word(rest);
+                let version: u64 = version
+                    .parse()
+                    .map_err(|_| format!("probe: cache-cas needs a version, got {version:?}"))?;
+                let write = match version {
+                    0 => Write::IfAbsent,
+                    v => Write::IfVersion(v),
+                };
+                let written = cache::put(namespace, key, value.as_bytes(), None, write);
+                reply_or_error(written, |version| version.to_string())
+            }
+            "cache-delete" => {
+                let (namespace, key) = split_word(args);
+                reply_or_error(cache::delete(namespace, key, Write::Always), |existed| {
+                    existed.to_string()
+                })
+            }
             _ => return Err(format!("probe: unknown command {text:?}")),
         };
         Ok(reply)
