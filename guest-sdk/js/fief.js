@@ -175,6 +175,24 @@ export class Key {
   terminate(reason) {}
 }
 
+/**
+ * `f`, but an error other than `Reject` escaping it is printed (message and
+ * stack, to stderr: the node logs it under the key) before it traps the
+ * key process, as a Python traceback or a Rust panic message would be.
+ */
+function guarded(exported, f) {
+  return (...args) => {
+    try {
+      return f(...args);
+    } catch (e) {
+      if (!(e instanceof Reject)) {
+        console.error(`fief: uncaught exception in ${exported}: ${e}\n${(e && e.stack) || ''}`);
+      }
+      throw e;
+    }
+  };
+}
+
 /** The `lifecycle` export that runs `KeyClass` keys: `export const lifecycle = exportKey(MyKey);` */
 export function exportKey(KeyClass) {
   let instance;
@@ -188,34 +206,34 @@ export function exportKey(KeyClass) {
     return instance;
   };
   return {
-    init(key, handoffState) {
+    init: guarded('init', (key, handoffState) => {
       if (instance !== undefined) throw new Error(`fief: init called twice for key ${key}`);
       instance = new KeyClass(key, handoffState ?? undefined);
-    },
-    handleCall(message) {
+    }),
+    handleCall: guarded('handle-call', (message) => {
       return bytes(live('handle-call').handleCall(message));
-    },
-    handleCast(message) {
+    }),
+    handleCast: guarded('handle-cast', (message) => {
       live('handle-cast').handleCast(message);
-    },
-    handleInfo(info) {
+    }),
+    handleInfo: guarded('handle-info', (info) => {
       const key = live('handle-info');
       if (info.tag === 'timer') key.handleTimer(info.val.id, info.val.tag);
       else key.handlePublication(info.val.topic, info.val.payload);
-    },
-    handleFence(deadlineMs) {
+    }),
+    handleFence: guarded('handle-fence', (deadlineMs) => {
       const answer = live('handle-fence').handleFence(deadlineMs);
       if (answer === CONTINUE || (answer && answer.tag === 'stop')) return answer;
       throw new TypeError(`handleFence must return CONTINUE or stop(reason), not ${answer}`);
-    },
-    handoff() {
+    }),
+    handoff: guarded('handoff', () => {
       const state = live('handoff').handoff();
       return state === undefined || state === null ? undefined : bytes(state);
-    },
-    terminate(reason) {
+    }),
+    terminate: guarded('terminate', (reason) => {
       const key = live('terminate');
       instance = undefined;
       key.terminate(reason.tag === 'fenced' ? `fenced: ${reason.val}` : reason.tag);
-    },
+    }),
   };
 }

@@ -12,6 +12,7 @@ mod fence_modes;
 mod host_imports;
 mod http_cli;
 mod kill;
+mod languages;
 mod limbo;
 mod limits;
 mod linearizability;

@@ -26,6 +26,17 @@ pub mod guests {
     /// `tests/guests/quiet`: subscribes in `init`, unsubscribes and answers
     /// `continue` in `handle-fence` (the fence-mode page's sanctioned pairing).
     pub const QUIET: &str = env!("FIEF_GUEST_QUIET");
+    /// `examples/counter-py`: `counter` in Python (componentize-py).
+    pub const COUNTER_PY: &str = env!("FIEF_GUEST_COUNTER_PY");
+    /// `examples/counter-js`: `counter` in JavaScript (componentize-js).
+    pub const COUNTER_JS: &str = env!("FIEF_GUEST_COUNTER_JS");
+    /// `examples/room-js`: `room` in JavaScript (pub/sub history).
+    pub const ROOM_JS: &str = env!("FIEF_GUEST_ROOM_JS");
+    /// `tests/polyglot/probe-py`: the Python SDK driven by text commands
+    /// (`call`, `spin`, `fail`, `crash`, ...).
+    pub const PROBE_PY: &str = env!("FIEF_GUEST_PROBE_PY");
+    /// `tests/polyglot/probe-js`: the same commands in JavaScript.
+    pub const PROBE_JS: &str = env!("FIEF_GUEST_PROBE_JS");
 
     /// The bytes of a guest component.
     pub fn bytes(path: &str) -> Vec<u8> {
