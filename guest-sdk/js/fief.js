@@ -80,6 +80,19 @@ export class CallError extends HostError {}
  */
 export class EffectError extends HostError {}
 
+/**
+ * A cache operation failed: `kind` is `invalid`, `conflict` (a
+ * compare-and-set did not match; nothing was written) or `unavailable`
+ * (retry later). For a conflict, `currentVersion` is the entry's version (a
+ * bigint; `undefined`: there is no entry).
+ */
+export class CacheError extends HostError {
+  constructor(variant) {
+    super(variant);
+    this.currentVersion = variant.tag === 'conflict' ? (variant.val ?? undefined) : undefined;
+  }
+}
+
 /** `handleFence` answer: keep the process alive in limbo (docs/fencing.md). */
 export const CONTINUE = Object.freeze({ tag: 'continue' });
 
@@ -135,6 +148,29 @@ export const host = {
   error: (message) => wit.log('error', String(message)),
   /** Bytes as text (UTF-8, lossy). */
   text: (message) => decoder.decode(message),
+};
+
+const optionalU64 = (value) => (value === undefined || value === null ? undefined : BigInt(value));
+
+/**
+ * The coherent single-owner cache (docs/cache.md). Entries are partitioned
+ * like keys and dropped whenever their partition changes owner, so treat
+ * every read as "maybe empty". Versions are bigints.
+ */
+export const cache = {
+  /** The entry `{ value: Uint8Array, version: bigint }`, or `undefined`. */
+  get: (namespace, key) => refusing(CacheError, () => wit.cacheGet(namespace, key)) ?? undefined,
+  /**
+   * Write an entry and return its new version. `ttlMs` drops it after that
+   * long; `expectedVersion` makes it a compare-and-set (0: only if absent).
+   */
+  put: (namespace, key, value, { ttlMs, expectedVersion } = {}) =>
+    refusing(CacheError, () =>
+      wit.cachePut(namespace, key, bytes(value), optionalU64(ttlMs), optionalU64(expectedVersion)),
+    ),
+  /** Delete an entry (if `expectedVersion` matches); returns whether there was one. */
+  delete: (namespace, key, { expectedVersion } = {}) =>
+    refusing(CacheError, () => wit.cacheDelete(namespace, key, optionalU64(expectedVersion))),
 };
 
 /** One key's state. Override what the module needs; the defaults are inert. */

@@ -9,7 +9,8 @@
 //! - Keys call each other across languages (the `call` host import), both
 //!   ways, and errors cross with their kind: a `Reject` is `rejected`, any
 //!   other exception is a crash.
-//! - Pub/sub crosses languages: `room-js` and the Rust `room` share a topic.
+//! - Pub/sub crosses languages: `room-js` and the Rust `room` share a topic;
+//!   so does the coherent cache, through the Python and JavaScript SDKs.
 //! - The fence modes and the kill path hold for a Python key spinning in a
 //!   loop (the interpreter never calls the host): `terminate` kills it at
 //!   the fence, `kill_key` and the CPU limit kill it, `callback` asks it.
@@ -398,6 +399,74 @@ async fn rust_python_and_js_keys_call_each_other_and_back() {
         .await;
         assert_eq!(call_text(&node, module, "q", "ping").await, "pong");
     }
+}
+
+/// The coherent cache through the Python and JavaScript SDKs: what one
+/// language writes the others read with the same version, and a
+/// compare-and-set with a stale version is a `conflict` in every language.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_js_and_rust_keys_share_the_cache() {
+    let node = node_with_options(
+        script_config(),
+        &[
+            ("probe", guests::PROBE, ModuleOptions::default()),
+            ("probe-py", guests::PROBE_PY, script_options()),
+            ("probe-js", guests::PROBE_JS, script_options()),
+        ],
+    )
+    .await;
+    let ask = |module: &'static str, message: String| {
+        let node = &node;
+        async move { call_text(node, module, "k", &message).await }
+    };
+    let first: u64 = ask("probe-py", "cache-put shared greeting hello".into())
+        .await
+        .parse()
+        .expect("a version");
+    for module in ["probe", "probe-js", "probe-py"] {
+        assert_eq!(
+            ask(module, "cache-get shared greeting".into()).await,
+            format!("{first} hello"),
+            "{module} reads what Python wrote"
+        );
+    }
+    let second: u64 = ask("probe-js", format!("cache-cas shared greeting {first} hi"))
+        .await
+        .parse()
+        .expect("a version");
+    assert!(second > first);
+    for module in ["probe-py", "probe-js"] {
+        let stale = ask(module, format!("cache-cas shared greeting {first} stale")).await;
+        assert!(
+            stale.starts_with(&format!("error: conflict: {second}")),
+            "{module}: {stale}"
+        );
+    }
+    assert_eq!(
+        ask("probe", "cache-get shared greeting".into()).await,
+        format!("{second} hi")
+    );
+    // 0 means "only if absent".
+    assert!(
+        ask("probe-js", "cache-cas shared fresh 0 first".into())
+            .await
+            .parse::<u64>()
+            .is_ok()
+    );
+    let again = ask("probe-py", "cache-cas shared fresh 0 second".into()).await;
+    assert!(again.starts_with("error: conflict"), "{again}");
+    assert_eq!(
+        ask("probe-py", "cache-delete shared greeting".into()).await,
+        "True"
+    );
+    assert_eq!(
+        ask("probe-js", "cache-get shared greeting".into()).await,
+        "none"
+    );
+    assert_eq!(
+        ask("probe-js", "cache-delete shared greeting".into()).await,
+        "false"
+    );
 }
 
 // ---------------------------------------------------------------------------

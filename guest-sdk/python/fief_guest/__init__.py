@@ -40,16 +40,19 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-from fief_guest import host
+from fief_guest import cache, host
+from fief_guest.cache import CacheError
 from fief_guest.host import CallError, EffectError
 
 __all__ = [
     "CONTINUE",
+    "CacheError",
     "CallError",
     "EffectError",
     "Key",
     "Reject",
     "Stop",
+    "cache",
     "export_key",
     "host",
 ]

@@ -1,9 +1,20 @@
 // `probe-js`: the JavaScript test guest — the JS SDK driven by text commands.
 // It answers exactly the commands of `probe-py` (see tests/polyglot/probe-py/app.py):
 // ping, whoami, echo, call, after, events, on-fence, fail, crash, spin,
-// spin-after-call.
+// spin-after-call, cache-get, cache-put, cache-cas, cache-delete (`true` /
+// `false` where Python says `True` / `False`).
 
-import { CONTINUE, CallError, Key, Reject, exportKey, host, stop } from '../../../guest-sdk/js/fief.js';
+import {
+  CONTINUE,
+  CacheError,
+  CallError,
+  Key,
+  Reject,
+  cache,
+  exportKey,
+  host,
+  stop,
+} from '../../../guest-sdk/js/fief.js';
 
 function spinForever() {
   let turns = 0;
@@ -62,8 +73,35 @@ class Probe extends Key {
         }
         return spinForever();
       }
+      case 'cache-get':
+      case 'cache-put':
+      case 'cache-cas':
+      case 'cache-delete':
+        try {
+          return this.cacheCommand(command, rest.split(' '));
+        } catch (error) {
+          if (error instanceof CacheError) return `error: ${error.message}`;
+          throw error;
+        }
       default:
         throw new Reject(`probe-js: unknown command ${JSON.stringify(command)}`);
+    }
+  }
+
+  cacheCommand(command, [namespace = '', key = '', ...words]) {
+    switch (command) {
+      case 'cache-get': {
+        const entry = cache.get(namespace, key);
+        return entry === undefined ? 'none' : `${entry.version} ${host.text(entry.value)}`;
+      }
+      case 'cache-put':
+        return String(cache.put(namespace, key, words.join(' ')));
+      case 'cache-cas': {
+        const [version, ...value] = words;
+        return String(cache.put(namespace, key, value.join(' '), { expectedVersion: version }));
+      }
+      default:
+        return String(cache.delete(namespace, key));
     }
   }
 

@@ -15,12 +15,16 @@ Each command is a `handle-call` message (UTF-8); `probe-js` answers the same:
 | `crash`                        | none: raises an exception that is not `Reject` (a trap)     |
 | `spin`                         | none: loops forever                                         |
 | `spin-after-call <module> <key>` | host-calls that key with `ping`, then loops forever      |
+| `cache-get <ns> <key>`         | `<version> <value>`, `none`, or `error: <kind>[: <detail>]` |
+| `cache-put <ns> <key> <value>` | the new version, or `error: ...`                            |
+| `cache-cas <ns> <key> <version> <value>` | as `cache-put`, only if the version matches (0: if absent) |
+| `cache-delete <ns> <key>`      | `True` if there was an entry, else `False`                   |
 
 Casts are recorded as events; publications too (`subscribe` is not a
 command: the tests drive pub/sub with the Rust probe and the examples).
 """
 
-from fief_guest import CONTINUE, CallError, Key, Reject, Stop, export_key, host
+from fief_guest import CONTINUE, CacheError, CallError, Key, Reject, Stop, cache, export_key, host
 
 
 def spin_forever():
@@ -70,6 +74,27 @@ class Probe(Key):
             except CallError:
                 pass
             spin_forever()
+        if command.startswith("cache-"):
+            try:
+                return self.cache_command(command, rest)
+            except CacheError as error:
+                return f"error: {error}"
+        raise Reject(f"probe-py: unknown command {command!r}")
+
+    def cache_command(self, command, rest):
+        if command == "cache-get":
+            namespace, _, key = rest.partition(" ")
+            entry = cache.get(namespace, key)
+            return "none" if entry is None else f"{entry.version} {entry.value.decode()}"
+        if command == "cache-put":
+            namespace, key, value = (rest.split(" ", 2) + ["", ""])[:3]
+            return str(cache.put(namespace, key, value))
+        if command == "cache-cas":
+            namespace, key, version, value = (rest.split(" ", 3) + ["", "", ""])[:4]
+            return str(cache.put(namespace, key, value, expected_version=int(version)))
+        if command == "cache-delete":
+            namespace, _, key = rest.partition(" ")
+            return str(cache.delete(namespace, key))
         raise Reject(f"probe-py: unknown command {command!r}")
 
     def handle_cast(self, message):
