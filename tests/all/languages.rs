@@ -32,6 +32,7 @@ use fief_tests::{
     node_with_options, test_config,
 };
 
+use crate::cluster::Cluster;
 use crate::fence_modes::{Lives, PATIENCE, in_limbo, local_ok, observed_node, steady_config};
 
 /// Module options for the Python and JavaScript modules (and, where the
@@ -290,6 +291,38 @@ async fn the_three_counters_hand_off_the_same_state() {
             "0",
             "{module}"
         );
+    }
+}
+
+/// `counter`'s handoff, in Python and JavaScript, through a real move: on an
+/// in-process two-node cluster (each language's counter deployed as the
+/// module `counter`), the node owning a key leaves gracefully; the key's
+/// process hands its value off (`handoff`), the new owner's process starts
+/// from it (`init` with the state), and the count goes on where it was.
+/// The Rust counter's own move is `cluster::cluster_row8_leave_hands_keys_off_with_no_double_serve`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn python_and_js_counters_keep_their_count_across_a_graceful_move() {
+    for path in [guests::COUNTER_PY, guests::COUNTER_JS] {
+        let c = Cluster::start(2, &[("counter", path)]).await;
+        c.stabilize().await;
+        let key = c.key_owned_by(0).await;
+        for n in 1..=5 {
+            assert_eq!(c.call(1, &key, "incr").await.unwrap(), n.to_string());
+        }
+        assert_eq!(c.live_on(&key), vec![0]);
+        let leave = c.node(0).leave(Duration::from_secs(60));
+        let clock = async {
+            for _ in 0..100 {
+                c.clock.advance(Duration::from_millis(100));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let (left, ()) = tokio::join!(leave, clock);
+        left.expect("n0 leaves");
+        assert!(c.node(0).keys().is_empty(), "n0 hosts nothing");
+        assert_eq!(c.call(1, &key, "incr").await.unwrap(), "6", "{path}");
+        assert_eq!(c.live_on(&key), vec![1]);
+        c.check();
     }
 }
 
