@@ -1,11 +1,12 @@
-//! Builds the `counter` example guest from source for `wasm32-wasip2`, with
-//! the same code as the tests' build script and into the same target
-//! directory, so the tests and the benchmarks share one guest build.
+//! Builds the `counter` example and the `spin` test guest from source for
+//! `wasm32-wasip2`, with the same code as the tests' build script and into
+//! the same target directory, so the tests and the benchmarks share one guest
+//! build.
 
 include!("../tests/guest_build.rs");
 
 /// Guest packages the benchmarks need.
-const GUESTS: &[&str] = &["counter"];
+const GUESTS: &[&str] = &["counter", "spin"];
 
 fn main() {
     println!("cargo:rerun-if-changed=../tests/guest_build.rs");

@@ -12,6 +12,16 @@
 //!   living on a current-thread runtime (no cross-thread wake-ups).
 //! - `throughput_many_keys`: 64 live keys, calls issued concurrently from 8
 //!   tokio tasks; criterion reports calls per second.
+//! - `http`: calls through the node's HTTP API on loopback from a hyper
+//!   client with 32 keep-alive connections (32 requests in flight) over 64
+//!   keys. Raw: an axum server on the same path calling raw instances.
+//! - `cross_node`: 32 tasks calling, through node `n0`, 64 keys that node
+//!   `n1` owns (two in-process nodes sharing a local arbiter, over their TCP
+//!   transport). Raw: one loopback TCP hop (a connection per caller) into
+//!   raw instances.
+//!
+//! Latency distributions and one-shot figures (kill, fence, memory, max keys,
+//! failover) are in the `scale` bench.
 //!
 //! Both sides use an engine with the same configuration (component model,
 //! epoch interruption, the pooling allocator sized as Fief sizes it), the
@@ -21,22 +31,17 @@
 //! Run with `cargo bench -p fief-benches` (add `-- --quick` for a smoke run);
 //! the figures and how to read them are in `docs/benchmarks.md`.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{COUNTER_WASM, Cluster, HttpConn, Raw, RawKey, RawTcpConn};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use fief::bindings::types::{CacheError, CallError, EffectError, LogLevel};
-use fief::bindings::{KeyModule, KeyModulePre};
 use fief::{Instance, ModuleOptions, NodeConfig};
 use tokio::runtime::Runtime;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-
-/// The counter component, built from source by `build.rs`.
-const COUNTER_WASM: &str = env!("FIEF_GUEST_COUNTER");
 
 /// Module name the counter is deployed under.
 const MODULE: &str = "counter";
@@ -50,211 +55,6 @@ const CALLERS: usize = 8;
 /// Most fresh keys activated before they are killed (outside the timed
 /// section) in `cold_activation`; well under the node's `max_live_keys`.
 const COLD_CHUNK: u64 = 1000;
-
-// ---------------------------------------------------------------------------
-// Raw wasmtime baseline
-// ---------------------------------------------------------------------------
-
-/// Store data of the raw baseline: WASI p2 and nothing else.
-struct RawCtx {
-    wasi: WasiCtx,
-    table: ResourceTable,
-}
-
-impl WasiView for RawCtx {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl fief::bindings::types::Host for RawCtx {}
-
-/// `fief:key/host` for the baseline: the counter's `get`/`incr` never call it,
-/// so every import is a trivial answer.
-impl fief::bindings::host::Host for RawCtx {
-    fn self_key(&mut self) -> wasmtime::Result<String> {
-        Ok(String::new())
-    }
-
-    fn self_module(&mut self) -> wasmtime::Result<String> {
-        Ok(String::new())
-    }
-
-    fn ownership_token(&mut self) -> wasmtime::Result<u64> {
-        Ok(0)
-    }
-
-    fn send_after(
-        &mut self,
-        _delay_ms: u64,
-        _tag: Vec<u8>,
-    ) -> wasmtime::Result<Result<u64, EffectError>> {
-        Ok(Err(EffectError::Invalid("not in the baseline".to_owned())))
-    }
-
-    fn cancel_timer(&mut self, _id: u64) -> wasmtime::Result<bool> {
-        Ok(false)
-    }
-
-    fn subscribe(&mut self, _topic: String) -> wasmtime::Result<Result<(), EffectError>> {
-        Ok(Err(EffectError::Invalid("not in the baseline".to_owned())))
-    }
-
-    fn unsubscribe(&mut self, _topic: String) -> wasmtime::Result<()> {
-        Ok(())
-    }
-
-    fn publish(
-        &mut self,
-        _topic: String,
-        _payload: Vec<u8>,
-    ) -> wasmtime::Result<Result<u32, EffectError>> {
-        Ok(Ok(0))
-    }
-
-    async fn call(
-        &mut self,
-        _module: String,
-        _key: String,
-        _message: Vec<u8>,
-        _timeout_ms: u32,
-    ) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
-        Ok(Err(CallError::Unavailable(
-            "not in the baseline".to_owned(),
-        )))
-    }
-
-    fn cast(
-        &mut self,
-        _module: String,
-        _key: String,
-        _message: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), EffectError>> {
-        Ok(Err(EffectError::Invalid("not in the baseline".to_owned())))
-    }
-
-    async fn cache_get(
-        &mut self,
-        _namespace: String,
-        _key: String,
-    ) -> wasmtime::Result<Result<Option<fief::bindings::types::CacheEntry>, CacheError>> {
-        Ok(Ok(None))
-    }
-
-    async fn cache_put(
-        &mut self,
-        _namespace: String,
-        _key: String,
-        _value: Vec<u8>,
-        _ttl_ms: Option<u64>,
-        _expected_version: Option<u64>,
-    ) -> wasmtime::Result<Result<u64, CacheError>> {
-        Ok(Ok(1))
-    }
-
-    async fn cache_delete(
-        &mut self,
-        _namespace: String,
-        _key: String,
-        _expected_version: Option<u64>,
-    ) -> wasmtime::Result<Result<bool, CacheError>> {
-        Ok(Ok(false))
-    }
-
-    fn log(&mut self, _level: LogLevel, _message: String) -> wasmtime::Result<()> {
-        Ok(())
-    }
-}
-
-/// The raw baseline: an engine configured like Fief's and the counter
-/// pre-instantiated against the async WASI p2 linker.
-struct Raw {
-    pre: KeyModulePre<RawCtx>,
-}
-
-/// One live instance of the baseline.
-struct RawKey {
-    store: Store<RawCtx>,
-    guest: KeyModule,
-}
-
-impl Raw {
-    /// Build the engine the way `host/src/runtime.rs` does for `config`.
-    fn new(config: &NodeConfig, wasm: &[u8]) -> Self {
-        // host/src/runtime.rs: MEMORY_GUARD and MAX_CORE_INSTANCES_PER_COMPONENT.
-        const MEMORY_GUARD: u64 = 64 * 1024;
-        const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
-        let keys = config.max_live_keys;
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(keys)
-            .total_core_instances(keys.saturating_mul(4))
-            .total_memories(keys.saturating_mul(2))
-            .total_tables(keys.saturating_mul(4))
-            .total_stacks(keys)
-            .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
-            .max_memories_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
-            .max_tables_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
-            .max_memory_size(config.max_memory_per_key.as_u64() as usize);
-        let mut wasm_config = Config::new();
-        wasm_config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .memory_reservation(config.max_memory_per_key.as_u64())
-            .memory_guard_size(MEMORY_GUARD)
-            .memory_reservation_for_growth(0)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&wasm_config).expect("raw engine");
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).expect("linking WASI");
-        KeyModule::add_to_linker::<RawCtx, HasSelf<RawCtx>>(&mut linker, |ctx| ctx)
-            .expect("linking fief:key/host");
-        let component = Component::new(&engine, wasm).expect("compiling the counter");
-        let pre = linker
-            .instantiate_pre(&component)
-            .expect("pre-instantiating");
-        Raw {
-            pre: KeyModulePre::new(pre).expect("the counter implements key-module"),
-        }
-    }
-
-    /// A fresh store and instance, with `init` run: what a key activation is.
-    async fn start(&self, key: &str) -> RawKey {
-        let ctx = RawCtx {
-            wasi: WasiCtx::builder().build(),
-            table: ResourceTable::new(),
-        };
-        let mut store = Store::new(self.pre.engine(), ctx);
-        // No ticker runs for this engine, so the deadline is never reached;
-        // the generated code still checks it, as it does in Fief.
-        store.set_epoch_deadline(1);
-        let guest = self
-            .pre
-            .instantiate_async(&mut store)
-            .await
-            .expect("instantiating");
-        guest
-            .fief_key_lifecycle()
-            .call_init(&mut store, key, None)
-            .await
-            .expect("init trapped")
-            .expect("init refused");
-        RawKey { store, guest }
-    }
-}
-
-impl RawKey {
-    async fn call(&mut self, message: &[u8]) -> Vec<u8> {
-        self.guest
-            .fief_key_lifecycle()
-            .call_handle_call(&mut self.store, message)
-            .await
-            .expect("handle-call trapped")
-            .expect("handle-call refused")
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Set-up shared by every group
@@ -277,7 +77,13 @@ impl Fixture {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let config = NodeConfig::default();
+        // 4096 keys, not the default 10 000: the node and the baseline each
+        // make a pool, and both (6 memory mappings per key) must fit under
+        // the default `vm.max_map_count` (65 530) in this one process.
+        let config = NodeConfig {
+            max_live_keys: 4096,
+            ..NodeConfig::default()
+        };
         let raw = Arc::new(Raw::new(&config, &wasm));
         let node = rt.block_on(async {
             let node = Instance::start_embedded(config)
@@ -592,11 +398,194 @@ fn throughput_many_keys(c: &mut Criterion, fx: &Fixture) {
     group.finish();
 }
 
+/// Connections of the HTTP load client, and callers of the cross-node group.
+const LOAD_CALLERS: usize = 32;
+
+/// Keys the HTTP and cross-node groups call, spread over the callers.
+const LOAD_KEYS: usize = 64;
+
+/// Run `LOAD_CALLERS` tasks that make `iters` calls between them, caller `t`
+/// making its `i`-th with `call(t, i)`; returns the elapsed time.
+async fn load<F, Fut>(iters: u64, call: F) -> Duration
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let call = Arc::new(call);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..LOAD_CALLERS)
+        .map(|t| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                for i in 0..common::share(iters, LOAD_CALLERS, t) {
+                    call(t, i).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("caller task");
+    }
+    start.elapsed()
+}
+
+/// The key caller `t` uses for its `i`-th call.
+fn load_key(keys: &[String], t: usize, i: u64) -> &str {
+    &keys[(t + i as usize * LOAD_CALLERS) % keys.len()]
+}
+
+fn http(c: &mut Criterion, fx: &Fixture) {
+    let mut group = c.benchmark_group("http");
+    configure(&mut group);
+    group.throughput(Throughput::Elements(1));
+
+    let names: Vec<String> = (0..LOAD_KEYS).map(|i| format!("web-{i}")).collect();
+    let paths: Arc<Vec<String>> = Arc::new(
+        names
+            .iter()
+            .map(|k| format!("/v1/keys/{MODULE}/{k}/call"))
+            .collect(),
+    );
+    // Fief: the node's own axum API on loopback.
+    let conns = fx.run({
+        let node = fx.node.clone();
+        async move {
+            let addr = common::serve_fief_http(node).await;
+            open_http(addr).await
+        }
+    });
+    group.bench_function("fief", |b| {
+        b.iter_custom(|iters| {
+            let (conns, paths) = (conns.clone(), paths.clone());
+            fx.run(load(iters, move |t, i| {
+                let (conns, paths) = (conns.clone(), paths.clone());
+                async move {
+                    let path = load_key(&paths, t, i);
+                    std::hint::black_box(conns[t].lock().await.post(path, b"incr").await);
+                }
+            }))
+        });
+    });
+
+    // Raw: axum on the same path, straight into raw instances.
+    let conns = fx.run({
+        let raw = fx.raw.clone();
+        async move {
+            let keys = common::raw_keys(&raw, &names).await;
+            let addr = common::serve_raw_http(keys).await;
+            open_http(addr).await
+        }
+    });
+    group.bench_function("raw", |b| {
+        b.iter_custom(|iters| {
+            let (conns, paths) = (conns.clone(), paths.clone());
+            fx.run(load(iters, move |t, i| {
+                let (conns, paths) = (conns.clone(), paths.clone());
+                async move {
+                    let path = load_key(&paths, t, i);
+                    std::hint::black_box(conns[t].lock().await.post(path, b"incr").await);
+                }
+            }))
+        });
+    });
+    group.finish();
+}
+
+type Shared<T> = Arc<Vec<tokio::sync::Mutex<T>>>;
+
+/// `LOAD_CALLERS` keep-alive connections to `addr`.
+async fn open_http(addr: std::net::SocketAddr) -> Shared<HttpConn> {
+    let mut conns = Vec::new();
+    for _ in 0..LOAD_CALLERS {
+        conns.push(tokio::sync::Mutex::new(HttpConn::open(addr).await));
+    }
+    Arc::new(conns)
+}
+
+fn cross_node(c: &mut Criterion, fx: &Fixture) {
+    let mut group = c.benchmark_group("cross_node");
+    configure(&mut group);
+    group.throughput(Throughput::Elements(1));
+
+    // Two nodes sharing a local arbiter, talking over their TCP transport;
+    // calls go to n0 for keys n1 owns.
+    let wasm = fx.wasm.clone();
+    let (cluster, keys) = fx.run(async move {
+        let modules = [(MODULE, wasm.as_slice(), ModuleOptions::default())];
+        let config = |i: usize| NodeConfig {
+            node_id: format!("n{i}"),
+            partitions: 64,
+            max_live_keys: 1024,
+            ..NodeConfig::default()
+        };
+        let cluster = Cluster::start(2, config, &modules).await;
+        let keys = common::keys_owned_by(
+            cluster.node(0),
+            cluster.node(1),
+            MODULE,
+            "remote",
+            LOAD_KEYS,
+        )
+        .await;
+        (Arc::new(cluster), Arc::new(keys))
+    });
+    group.bench_function("fief", |b| {
+        b.iter_custom(|iters| {
+            let (cluster, keys) = (cluster.clone(), keys.clone());
+            fx.run(load(iters, move |t, i| {
+                let (cluster, keys) = (cluster.clone(), keys.clone());
+                async move {
+                    let key = load_key(&keys, t, i);
+                    let reply = cluster.node(0).call(MODULE, key, b"incr".to_vec()).await;
+                    std::hint::black_box(reply.expect("cross-node call"));
+                }
+            }))
+        });
+    });
+
+    // Raw: one loopback TCP hop (a connection per caller, length-prefixed
+    // request and reply) straight into raw instances.
+    let conns: Shared<RawTcpConn> = fx.run({
+        let (raw, keys) = (fx.raw.clone(), keys.clone());
+        async move {
+            let raw_keys = common::raw_keys(&raw, &keys).await;
+            let addr = common::serve_raw_tcp(raw_keys).await;
+            let mut conns = Vec::new();
+            for _ in 0..LOAD_CALLERS {
+                conns.push(tokio::sync::Mutex::new(RawTcpConn::open(addr).await));
+            }
+            Arc::new(conns)
+        }
+    });
+    group.bench_function("raw_tcp", |b| {
+        b.iter_custom(|iters| {
+            let (conns, keys) = (conns.clone(), keys.clone());
+            fx.run(load(iters, move |t, i| {
+                let (conns, keys) = (conns.clone(), keys.clone());
+                async move {
+                    let key = load_key(&keys, t, i);
+                    std::hint::black_box(conns[t].lock().await.call(key, b"incr").await);
+                }
+            }))
+        });
+    });
+    group.finish();
+    if let Ok(cluster) = Arc::try_unwrap(cluster) {
+        fx.rt.block_on(async move {
+            for node in cluster.nodes.into_iter().flatten() {
+                node.shutdown().await;
+            }
+        });
+    }
+}
+
 fn benches(c: &mut Criterion) {
     let fx = Fixture::new();
     cold_activation(c, &fx);
     warm_call(c, &fx);
     throughput_many_keys(c, &fx);
+    http(c, &fx);
+    cross_node(c, &fx);
     let Fixture { rt, node, .. } = fx;
     if let Ok(node) = Arc::try_unwrap(node) {
         rt.block_on(node.shutdown());
