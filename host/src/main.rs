@@ -597,6 +597,17 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         "  live keys: {}, topics: {}",
         status["live_keys"], status["topics"]
     );
+    let cache = &status["cache"];
+    println!(
+        "  cache: {} entries, {} of {} bytes; {} hits, {} misses, {} evictions, {} dropped at ownership changes",
+        cache["entries"],
+        cache["bytes"],
+        cache["max_bytes"],
+        cache["hits"],
+        cache["misses"],
+        cache["evictions"],
+        cache["ownership_drops"]
+    );
     for module in status["modules"].as_array().into_iter().flatten() {
         println!(
             "  module {} v{}: {} live keys, {} bytes, on_fence {}",
