@@ -42,6 +42,11 @@ pub struct NodeConfig {
     /// Address of the node-to-node transport; `None` for a node that takes
     /// no forwarded messages (a single embedded node).
     pub peer_listen: Option<SocketAddr>,
+    /// The address (`host:port`) peers are told to reach this node at, in
+    /// its lease at the arbiter; `None` registers the address `peer_listen`
+    /// is bound to. Set it when peers reach the node through a proxy, NAT or
+    /// a name. Only used with a peer listener.
+    pub peer_advertise: Option<String>,
     /// Lease time-to-live at the arbiter.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
@@ -89,6 +94,7 @@ impl Default for NodeConfig {
             arbiter: "local".to_owned(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             peer_listen: None,
+            peer_advertise: None,
             lease_ttl: DEFAULT_LEASE_TTL,
             renew_interval: DEFAULT_RENEW_INTERVAL,
             fence_margin: DEFAULT_FENCE_MARGIN,
@@ -148,6 +154,15 @@ impl NodeConfig {
             return bad(format!(
                 "arbiter {:?} is neither `local` nor a postgres:// URL",
                 self.arbiter
+            ));
+        }
+        if let Some(addr) = &self.peer_advertise
+            && !addr
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        {
+            return bad(format!(
+                "peer_advertise {addr:?} is not host:port (for example 10.0.0.5:7071)"
             ));
         }
         if self.epoch_tick.is_zero() || self.epoch_tick > Duration::from_millis(100) {

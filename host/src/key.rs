@@ -860,6 +860,8 @@ async fn run_key(
         // paused across the fence point and the fence sweep has not reached
         // it yet: a `terminate` key dies; a survivor refuses routed messages
         // (its timers, subscriptions and local handles still reach it).
+        // For the event log, read before the check (see `report_processing`).
+        let checked_at = node.reports_events().then(std::time::Instant::now);
         let fenced = control.is_survivor() || !node.may_act();
         if fenced {
             if env.on_fence == OnFence::Terminate {
@@ -871,6 +873,9 @@ async fn run_key(
                 envelope.fail(Error::Fenced);
                 continue;
             }
+        }
+        if let Some(at) = checked_at {
+            crate::event_log::report_processing(&node, &env, &envelope, at);
         }
         let mut waiting = None;
         let outcome = tokio::select! {

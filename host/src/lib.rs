@@ -18,6 +18,7 @@ pub mod clock;
 pub mod compile_cache;
 pub mod config;
 pub mod error;
+pub mod event_log;
 mod guest_log;
 mod host_api;
 pub mod http;

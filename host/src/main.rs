@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a node (with the embedded arbiter) and its HTTP API.
-    Node(NodeArgs),
+    Node(Box<NodeArgs>),
     /// Deploy a .wasm component as a module.
     Deploy(DeployArgs),
     /// Call a key and print its reply.
@@ -119,6 +119,15 @@ struct NodeArgs {
     /// Address of the node-to-node transport (needed in a cluster).
     #[arg(long, env = "FIEF_PEER_LISTEN")]
     peer_listen: Option<SocketAddr>,
+    /// The address peers are told to reach this node at, `host:port`
+    /// (default: the --peer-listen address); for a node behind a proxy.
+    #[arg(long, env = "FIEF_PEER_ADVERTISE")]
+    peer_advertise: Option<String>,
+    /// Append an event log to FILE: JSON lines of key processes started and
+    /// ended, routed messages processed, leases granted and fences, stamped
+    /// with wall-clock microseconds (for single-ownership checkers).
+    #[arg(long, env = "FIEF_EVENT_LOG", value_name = "FILE")]
+    event_log: Option<PathBuf>,
     /// The namespace (every node of a cluster uses the same).
     #[arg(long, env = "FIEF_NAMESPACE")]
     namespace: Option<String>,
@@ -227,7 +236,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Node(args) => node(args).await,
+        Command::Node(args) => node(*args).await,
         Command::Deploy(args) => deploy(args).await,
         Command::Call(args) => call(args, "call").await,
         Command::Cast(args) => call(args, "cast").await,
@@ -265,6 +274,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
     if let Some(addr) = args.peer_listen {
         config.peer_listen = Some(addr);
     }
+    if let Some(addr) = args.peer_advertise.clone() {
+        config.peer_advertise = Some(addr);
+    }
     if args.no_compile_cache {
         config.compile_cache = None;
     } else if let Some(dir) = args.compile_cache.clone() {
@@ -296,7 +308,19 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
         .with_context(|| {
             format!("cannot listen on {listen} (is another node running there? pass --listen)")
         })?;
+    let event_log = match &args.event_log {
+        Some(path) => Some(
+            fief::event_log::EventLog::open(path, &config.node_id)
+                .with_context(|| format!("opening the event log {}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut builder = Instance::builder(config);
+    if let Some(log) = &event_log {
+        builder = builder
+            .observer(log.key_life_observer())
+            .events(log.node_event_observer());
+    }
     for spec in &args.deploy {
         let Some((name, path)) = spec.split_once('=') else {
             bail!("--deploy {spec:?}: expected NAME=PATH.wasm");

@@ -29,6 +29,7 @@ use crate::cache::{Cache, CacheStats, CacheStore};
 use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig, validate_key, validate_module_name};
 use crate::error::{Error, Result};
+use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
 use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock};
 use crate::limbo::{Limbo, LimboEntry};
 use crate::module::compile;
@@ -56,6 +57,9 @@ pub(crate) struct NodeShared {
     modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
     fences: Mutex<u64>,
     observer: Option<KeyLifeObserver>,
+    /// Receives leases granted, fences and routed messages processed (the
+    /// event log).
+    events: Option<NodeEventObserver>,
     /// The current lease's id at the arbiter, once joined.
     lease_id: Mutex<Option<LeaseId>>,
     /// Partitions being handed off: owned, but not served.
@@ -97,6 +101,23 @@ impl NodeShared {
                 key: key.to_owned(),
                 event,
                 at: std::time::Instant::now(),
+            });
+        }
+    }
+
+    /// Whether a [`NodeEventObserver`] is installed (so callers skip the
+    /// work of building events nobody reads).
+    pub(crate) fn reports_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Report a [`NodeEvent`] that happened `at` to the observer, if any.
+    pub(crate) fn report(&self, at: std::time::Instant, kind: NodeEventKind) {
+        if let Some(events) = &self.events {
+            events(NodeEvent {
+                node: self.node_id.to_string(),
+                at,
+                kind,
             });
         }
     }
@@ -560,7 +581,15 @@ impl NodeShared {
         {
             return;
         }
-        lock(&self.lease).fence_now(self.clock.now());
+        let now = self.clock.now();
+        // For the event log: the instant the node stopped acting, which is
+        // the lease's fence point if that has passed (say, during a pause).
+        let stopped_acting = std::time::Instant::now().checked_sub(
+            lock(&self.lease)
+                .fence_point()
+                .map_or(Duration::ZERO, |p| now.saturating_duration_since(p)),
+        );
+        lock(&self.lease).fence_now(now);
         *lock(&self.leader_term) = None;
         // Forget the table: after a rejoin every partition this node gets is
         // initialized anew (and its survivors reaped first).
@@ -580,6 +609,14 @@ impl NodeShared {
         lock(&self.cache).clear();
         *lock(&self.fences) += 1;
         tracing::warn!(node = %self.node_id, cause, killed, "node fenced");
+        let at = std::time::Instant::now();
+        self.report(
+            at,
+            NodeEventKind::Fenced {
+                fence_point: stopped_acting.unwrap_or(at),
+                cause: cause.to_owned(),
+            },
+        );
     }
 
     /// Drop cache entries of partitions this node no longer owns under the
@@ -737,6 +774,7 @@ pub struct InstanceBuilder {
     clock: Option<Arc<dyn NodeClock>>,
     peer_listener: Option<tokio::net::TcpListener>,
     observer: Option<KeyLifeObserver>,
+    events: Option<NodeEventObserver>,
     modules: Vec<(String, Vec<u8>, ModuleOptions)>,
 }
 
@@ -752,6 +790,14 @@ impl InstanceBuilder {
     /// single-ownership checkers and audits).
     pub fn observer(mut self, observer: KeyLifeObserver) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Report leases granted, fences and every routed message handed to a
+    /// guest to `events` (see [`NodeEvent`]; `fief node --event-log` writes
+    /// them to a file with [`crate::event_log::EventLog`]).
+    pub fn events(mut self, events: NodeEventObserver) -> Self {
+        self.events = Some(events);
         self
     }
 
@@ -812,6 +858,9 @@ impl InstanceBuilder {
             (None, None) => None,
         };
         let peer_addr = match &peer_listener {
+            // The address registered for peers: the advertised one if set
+            // (peers reach the node through a proxy), else the listener's.
+            Some(_) if config.peer_advertise.is_some() => config.peer_advertise.clone(),
             Some(l) => Some(
                 l.local_addr()
                     .map_err(|e| Error::Config(format!("peer listener: {e}")))?
@@ -845,6 +894,7 @@ impl InstanceBuilder {
             modules: RwLock::new(HashMap::new()),
             fences: Mutex::new(0),
             observer: self.observer,
+            events: self.events,
             lease_id: Mutex::new(None),
             draining: Mutex::new(BTreeSet::new()),
             pending_handoff: Mutex::new(HashMap::new()),
@@ -913,6 +963,7 @@ impl Instance {
             clock: None,
             peer_listener: None,
             observer: None,
+            events: None,
             modules: Vec::new(),
         }
     }
@@ -1406,6 +1457,10 @@ async fn join(shared: &NodeShared, ns: &str) -> LeaseId {
             Ok(Ok(id)) => {
                 lock(&shared.lease).renewal_succeeded(renewal, shared.clock.now());
                 tracing::info!(node = %shared.node_id, lease = id.0, "lease granted");
+                shared.report(
+                    std::time::Instant::now(),
+                    NodeEventKind::LeaseGranted { lease: id.0 },
+                );
                 return id;
             }
             Ok(Err(e)) => tracing::warn!(node = %shared.node_id, error = %e, "cannot join"),
