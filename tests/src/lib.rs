@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use fief::{Instance, ModuleOptions, NodeConfig};
 
+pub mod history;
+pub mod scratch_postgres;
+
 /// The guest components, built from source for these tests.
 pub mod guests {
     /// `examples/counter`: `incr`, `get`, `tick-every <ms>`.
@@ -310,6 +313,7 @@ impl Drop for NodeProcess {
 pub mod multiprocess {
     use std::path::PathBuf;
     use std::process::{Child, Command, Stdio};
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -421,19 +425,23 @@ pub mod multiprocess {
         }
     }
 
-    /// A TCP proxy from a local port to PostgreSQL that can be cut: while
-    /// cut, it copies no bytes in either direction on any connection, old or
-    /// new, and closes none, so the node's queries hang until they time out
-    /// (a network partition, not a refused connection). Uncut, it resumes
-    /// every connection where it stopped, like a healed network whose TCP
-    /// retransmissions get through. It can also add latency. Stops when
-    /// dropped.
-    pub struct PgProxy {
+    /// A TCP proxy from a local port to a target address that can be cut:
+    /// while cut, it copies no bytes in either direction on any connection,
+    /// old or new, and closes none, so requests through it hang until they
+    /// time out (a network partition, not a refused connection). Uncut, it
+    /// resumes every connection where it stopped, like a healed network whose
+    /// TCP retransmissions get through. It can also add latency. A
+    /// connection whose target refuses it is closed. Stops when dropped.
+    pub struct TcpProxy {
         /// `127.0.0.1:<port>`, where the proxy listens.
         pub addr: String,
         link: watch::Sender<Link>,
         task: JoinHandle<()>,
     }
+
+    /// A [`TcpProxy`] to PostgreSQL ([`TcpProxy::start`]), to cut a node off
+    /// from its arbiter.
+    pub type PgProxy = TcpProxy;
 
     /// The state of a [`PgProxy`]'s link.
     #[derive(Clone, Copy, Debug, Default)]
@@ -444,11 +452,18 @@ pub mod multiprocess {
         delay: Duration,
     }
 
-    impl PgProxy {
-        /// Start a proxy to [`PG_ADDR`] on a free port (in the current tokio
-        /// runtime, which must keep running: use a multi-threaded test
-        /// runtime and never block it).
-        pub async fn start() -> PgProxy {
+    impl TcpProxy {
+        /// Start a proxy to PostgreSQL at [`PG_ADDR`] on a free port (in the
+        /// current tokio runtime, which must keep running: use a
+        /// multi-threaded test runtime and never block it).
+        pub async fn start() -> TcpProxy {
+            TcpProxy::start_to(PG_ADDR).await
+        }
+
+        /// Start a proxy to `target` (`host:port`) on a free port, like
+        /// [`TcpProxy::start`].
+        pub async fn start_to(target: &str) -> TcpProxy {
+            let target: Arc<str> = Arc::from(target);
             let listener = TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("binding the proxy on 127.0.0.1:0");
@@ -464,16 +479,21 @@ pub mod multiprocess {
                     tokio::select! {
                         accepted = listener.accept() => {
                             let Ok((client, _)) = accepted else { continue };
-                            connections.spawn(proxy_connection(client, link_rx.clone()));
+                            connections.spawn(proxy_connection(
+                                client,
+                                target.clone(),
+                                link_rx.clone(),
+                            ));
                         }
                         Some(_) = connections.join_next() => {}
                     }
                 }
             });
-            PgProxy { addr, link, task }
+            TcpProxy { addr, link, task }
         }
 
-        /// The arbiter URL through this proxy.
+        /// The arbiter URL of the test database through this proxy (for a
+        /// proxy to [`PG_ADDR`]).
         pub fn arbiter_url(&self) -> String {
             arbiter_url(&self.addr)
         }
@@ -490,7 +510,7 @@ pub mod multiprocess {
         }
     }
 
-    impl Drop for PgProxy {
+    impl Drop for TcpProxy {
         fn drop(&mut self) {
             self.task.abort();
         }
@@ -508,12 +528,16 @@ pub mod multiprocess {
         }
     }
 
-    async fn proxy_connection(client: TcpStream, mut link: watch::Receiver<Link>) {
+    async fn proxy_connection(
+        client: TcpStream,
+        target: Arc<str>,
+        mut link: watch::Receiver<Link>,
+    ) {
         // Accepted while cut: the client waits, unanswered.
         if while_cut(&mut link).await.is_none() {
             return;
         }
-        let Ok(server) = TcpStream::connect(PG_ADDR).await else {
+        let Ok(server) = TcpStream::connect(&*target).await else {
             return;
         };
         let _ = client.set_nodelay(true);
@@ -612,11 +636,18 @@ pub mod multiprocess {
         /// [`super::fief_binary`]). Does not wait: see
         /// [`ClusterNode::wait_current`].
         pub async fn spawn(spec: &NodeSpec) -> ClusterNode {
+            let peer_listen = format!("127.0.0.1:{}", super::free_port());
+            ClusterNode::spawn_with_peer_listen(spec, &peer_listen).await
+        }
+
+        /// [`ClusterNode::spawn`] with the peer transport on `peer_listen`
+        /// (`127.0.0.1:<port>`), for a test that puts a [`TcpProxy`] in
+        /// front of it or restarts the node on the same address.
+        pub async fn spawn_with_peer_listen(spec: &NodeSpec, peer_listen: &str) -> ClusterNode {
             let binary = tokio::task::spawn_blocking(super::fief_binary)
                 .await
                 .expect("building the fief binary");
             let listen = format!("127.0.0.1:{}", super::free_port());
-            let peer_listen = format!("127.0.0.1:{}", super::free_port());
             let dir = super::workspace_root()
                 .join("target")
                 .join("cli-tests")
@@ -632,7 +663,7 @@ pub mod multiprocess {
                 .args(["--namespace", &spec.namespace])
                 .args(["--node-id", &spec.node_id])
                 .args(["--listen", &listen])
-                .args(["--peer-listen", &peer_listen])
+                .args(["--peer-listen", peer_listen])
                 .args(["--max-live-keys", "64"]);
             for (name, path) in &spec.deploy {
                 command.arg("--deploy").arg(format!("{name}={path}"));
@@ -721,28 +752,7 @@ pub mod multiprocess {
             message: &str,
             timeout: Duration,
         ) -> Result<String, CallError> {
-            let response = self
-                .client
-                .post(format!("{}/v1/keys/{module}/{key}/call", self.url))
-                .body(message.to_owned())
-                .timeout(timeout)
-                .send()
-                .await
-                .map_err(|e| CallError {
-                    status: 0,
-                    code: "no response".to_owned(),
-                    body: e.to_string(),
-                })?;
-            let status = response.status().as_u16();
-            let body = response.text().await.unwrap_or_default();
-            if status == 200 {
-                return Ok(body);
-            }
-            let code = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-                .unwrap_or_default();
-            Err(CallError { status, code, body })
+            call_url(&self.client, &self.url, module, key, message, timeout).await
         }
 
         /// SIGKILL the process and reap it.
@@ -849,8 +859,23 @@ pub mod multiprocess {
         message: &str,
         timeout: Duration,
     ) -> Result<String, CallError> {
+        post_key(client, url, module, key, "call", message, timeout).await
+    }
+
+    /// `POST {url}/v1/keys/{module}/{key}/{verb}` (`call` or `cast`) with
+    /// `message`: the body of a `2xx` answer (a cast's `202` means the node
+    /// accepted it; it may still be lost), or the failure.
+    pub async fn post_key(
+        client: &reqwest::Client,
+        url: &str,
+        module: &str,
+        key: &str,
+        verb: &str,
+        message: &str,
+        timeout: Duration,
+    ) -> Result<String, CallError> {
         let response = client
-            .post(format!("{url}/v1/keys/{module}/{key}/call"))
+            .post(format!("{url}/v1/keys/{module}/{key}/{verb}"))
             .body(message.to_owned())
             .timeout(timeout)
             .send()
@@ -862,7 +887,7 @@ pub mod multiprocess {
             })?;
         let status = response.status().as_u16();
         let body = response.text().await.unwrap_or_default();
-        if status == 200 {
+        if (200..300).contains(&status) {
             return Ok(body);
         }
         let code = serde_json::from_str::<serde_json::Value>(&body)
