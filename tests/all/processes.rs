@@ -43,8 +43,8 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 /// at once or is a failure.
 const POLL_CALL: Duration = Duration::from_secs(2);
 
-/// One process test at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// One process test at a time (`chaos.rs` takes it too).
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn spec(namespace: &str, node_id: &str, arbiter: String) -> NodeSpec {
     NodeSpec {
@@ -74,7 +74,7 @@ async fn start_cluster(namespace: &str, arbiters: &[String]) -> Vec<ClusterNode>
 /// Wait until every node's lease is current and all report the same table
 /// epoch, together owning every partition, unchanged for three renewal
 /// intervals (so no table change is in flight).
-async fn wait_settled(nodes: &[ClusterNode]) {
+pub(crate) async fn wait_settled(nodes: &[ClusterNode]) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut stable: Option<(u64, Instant)> = None;
     loop {
