@@ -44,10 +44,11 @@ impl Runtime {
     /// Build the engine for `config`.
     pub(crate) fn new(config: &NodeConfig) -> Result<Self> {
         let keys = config.max_live_keys;
+        check_map_count(keys)?;
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(keys)
             .total_core_instances(keys.saturating_mul(4))
-            .total_memories(keys.saturating_mul(2))
+            .total_memories(memory_slots(config))
             .total_tables(keys.saturating_mul(4))
             .total_stacks(keys)
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
@@ -84,6 +85,63 @@ impl Runtime {
             _ticker: ticker,
         })
     }
+}
+
+/// Memory mappings (VMAs) the pooling allocator may need per key of
+/// `max_live_keys`: two per pooled fiber stack, made for every stack when
+/// the pool is created (its guard page splits the pool's mapping; a store
+/// keeps its stack while its key lives), and about four per live linear
+/// memory (its copy-on-write data image, its accessible pages, pages it grew
+/// by, the inaccessible rest of its slot). Measured with the counter example:
+/// 2 + 4 (`docs/benchmarks.md`, "Memory").
+pub(crate) const MAPPINGS_PER_KEY: u64 = 6;
+
+/// Mappings left for everything else in the process (the heap, threads,
+/// libraries, sockets).
+const MAPPINGS_SPARE: u64 = 4096;
+
+/// Refuse a `max_live_keys` that the kernel's per-process limit on memory
+/// mappings, `vm.max_map_count`, cannot hold: past it, `mmap` and `mprotect`
+/// fail and keys fail to start at random. The check counts the mappings the
+/// process already has, so several nodes in one process are counted too
+/// (those started earlier).
+fn check_map_count(keys: u32) -> Result<()> {
+    let Some(limit) = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    else {
+        // Not Linux, or no /proc: nothing to check against.
+        return Ok(());
+    };
+    let used = std::fs::read_to_string("/proc/self/maps")
+        .map(|m| m.lines().count() as u64)
+        .unwrap_or(0);
+    let needed = u64::from(keys) * MAPPINGS_PER_KEY + MAPPINGS_SPARE;
+    if used + needed <= limit {
+        return Ok(());
+    }
+    let fits = limit.saturating_sub(used + MAPPINGS_SPARE) / MAPPINGS_PER_KEY;
+    Err(Error::Config(format!(
+        "max_live_keys = {keys} needs up to {needed} memory mappings ({MAPPINGS_PER_KEY} per key \
+         and {MAPPINGS_SPARE} spare), but vm.max_map_count is {limit} and this process already \
+         uses {used}: raise the limit (`sysctl -w vm.max_map_count={}`) or lower max_live_keys \
+         to {fits} or less",
+        (used + needed).next_multiple_of(65536)
+    )))
+}
+
+/// Most address space the memory pool may reserve: 96 TiB of the 128 TiB a
+/// process has with 4-level page tables.
+const MEMORY_POOL_ADDRESS_SPACE: u64 = 96 << 40;
+
+/// Linear memories in the pool: two per key (a component may have more than
+/// one), but no more than [`MEMORY_POOL_ADDRESS_SPACE`] holds, and at least
+/// one per key.
+fn memory_slots(config: &NodeConfig) -> u32 {
+    let keys = config.max_live_keys;
+    let slot = config.max_memory_per_key.as_u64() + MEMORY_GUARD;
+    let fit = u32::try_from(MEMORY_POOL_ADDRESS_SPACE / slot).unwrap_or(u32::MAX);
+    keys.saturating_mul(2).min(fit).max(keys)
 }
 
 /// A thread that increments the engine's epoch every tick until dropped.
