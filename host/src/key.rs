@@ -17,11 +17,13 @@
 //! old one is gone.
 
 use std::collections::{BTreeSet, HashMap};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, SystemTime};
 
 use fief_core::{OnFence, OwnershipToken, PartitionId};
+use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
@@ -43,20 +45,40 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The kill switch of one key process.
+///
+/// The key's task learns of a kill or a fence order through `changed`, which
+/// is notified with `notify_waiters`: the task keeps one registered waiter
+/// for its whole life and reads the flags (atomics) when it fires, so a
+/// message costs no waiter registration and no lock here.
 pub(crate) struct KeyControl {
     killed: AtomicBool,
     reason: Mutex<Option<String>>,
-    notify: Notify,
+    /// Notified when `killed` or `fence_order` is set.
+    changed: Notify,
     /// Set at the fence for `continue`/`callback` keys: the process lives on
     /// in limbo and takes no routed message again.
     survivor: AtomicBool,
     /// A pending `handle-fence` order (callback mode): its deadline.
     fence_order: Mutex<Option<Duration>>,
-    fence_notify: Notify,
+    /// Whether `fence_order` holds an order (read without the lock).
+    fence_ordered: AtomicBool,
     /// Set once `handle-fence` returned.
     fence_answered: AtomicBool,
     /// Set by the key's task once its store has been dropped.
     exited: tokio::sync::watch::Sender<bool>,
+    /// Set by the key's task from just before it takes a message out of its
+    /// mailbox until it has processed it: while set, a caller does not run a
+    /// call inline (it would overtake that message).
+    receiving: AtomicBool,
+    /// An inline call whose caller went away before it finished: the key's
+    /// task finishes it (a half-run call must not be dropped, that would
+    /// poison the instance).
+    orphan: Mutex<Option<InlineFuture>>,
+    has_orphan: AtomicBool,
+    /// Why the process died during an inline call (its store is dropped).
+    death: Mutex<Option<String>>,
+    /// Inline calls so far (the idle timeout counts them as messages).
+    inline_calls: AtomicU64,
 }
 
 impl Default for KeyControl {
@@ -64,12 +86,17 @@ impl Default for KeyControl {
         KeyControl {
             killed: AtomicBool::new(false),
             reason: Mutex::new(None),
-            notify: Notify::new(),
+            changed: Notify::new(),
             survivor: AtomicBool::new(false),
             fence_order: Mutex::new(None),
-            fence_notify: Notify::new(),
+            fence_ordered: AtomicBool::new(false),
             fence_answered: AtomicBool::new(false),
             exited: tokio::sync::watch::channel(false).0,
+            receiving: AtomicBool::new(false),
+            orphan: Mutex::new(None),
+            has_orphan: AtomicBool::new(false),
+            death: Mutex::new(None),
+            inline_calls: AtomicU64::new(0),
         }
     }
 }
@@ -81,7 +108,8 @@ impl KeyControl {
         self.survivor.store(true, Ordering::SeqCst);
         if let Some(deadline) = callback_deadline {
             *lock(&self.fence_order) = Some(deadline);
-            self.fence_notify.notify_one();
+            self.fence_ordered.store(true, Ordering::SeqCst);
+            self.changed.notify_waiters();
         }
     }
 
@@ -89,14 +117,14 @@ impl KeyControl {
         self.survivor.load(Ordering::SeqCst)
     }
 
-    /// Resolves with the deadline of a `handle-fence` order.
-    async fn fence_ordered(&self) -> Duration {
-        loop {
-            if let Some(deadline) = lock(&self.fence_order).take() {
-                return deadline;
-            }
-            self.fence_notify.notified().await;
+    /// Take the deadline of a pending `handle-fence` order, if any.
+    fn take_fence_order(&self) -> Option<Duration> {
+        if !self.fence_ordered.load(Ordering::SeqCst) {
+            return None;
         }
+        let order = lock(&self.fence_order).take();
+        self.fence_ordered.store(false, Ordering::SeqCst);
+        order
     }
 
     /// Resolves once the key's store has been dropped.
@@ -113,7 +141,7 @@ impl KeyControl {
         }
         *slot = Some(reason.to_owned());
         drop(slot);
-        self.notify.notify_one();
+        self.changed.notify_waiters();
         true
     }
 
@@ -127,10 +155,146 @@ impl KeyControl {
 
     /// Resolves once the key is killed.
     async fn killed(&self) {
-        while !self.is_killed() {
-            self.notify.notified().await;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_killed() {
+                return;
+            }
+            changed.await;
         }
     }
+
+    /// Resolves once the key is killed, re-arming `changed` (the task's
+    /// registered waiter) each time it fires.
+    async fn killed_with<'a>(&'a self, changed: &mut Pin<&mut Notified<'a>>) {
+        while !self.is_killed() {
+            changed.as_mut().await;
+            rearm(self, changed);
+        }
+    }
+
+    /// Hand a half-run inline call to the key's task.
+    fn adopt(&self, orphan: InlineFuture) {
+        *lock(&self.orphan) = Some(orphan);
+        self.has_orphan.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    fn take_orphan(&self) -> Option<InlineFuture> {
+        if !self.has_orphan.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.has_orphan.store(false, Ordering::SeqCst);
+        lock(&self.orphan).take()
+    }
+
+    /// The process died during an inline call (its store is dropped).
+    fn died(&self, why: String) {
+        lock(&self.death).get_or_insert(why);
+        self.changed.notify_waiters();
+    }
+
+    fn death(&self) -> Option<String> {
+        lock(&self.death).clone()
+    }
+
+    /// Count an inline call (for the idle timeout).
+    fn touch(&self) {
+        self.inline_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn inline_calls(&self) -> u64 {
+        self.inline_calls.load(Ordering::Relaxed)
+    }
+}
+
+/// A key's process, shared by its task and by callers that run a call
+/// inline while the key is idle. Whoever holds the lock may run guest code;
+/// `None` once the store has been dropped (or before it is created).
+type ProcessCell = tokio::sync::Mutex<Option<KeyProcess>>;
+
+/// The key's process, held (by its task or an inline caller).
+type ProcessGuard = tokio::sync::OwnedMutexGuard<Option<KeyProcess>>;
+
+/// An inline call in flight, boxed so that it can move to the key's task if
+/// its caller goes away.
+type InlineFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send>>;
+
+/// An inline call, as its caller polls it. Dropped before it finished (the
+/// caller timed out or went away), it hands the call to the key's task,
+/// which finishes it: the key never sees a call cut in half.
+struct InlineCall {
+    future: Option<InlineFuture>,
+    control: Arc<KeyControl>,
+}
+
+impl Future for InlineCall {
+    type Output = Result<Vec<u8>>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let future = self.future.as_mut().expect("polled after it finished");
+        let poll = future.as_mut().poll(cx);
+        if poll.is_ready() {
+            self.future = None;
+        }
+        poll
+    }
+}
+
+impl Drop for InlineCall {
+    fn drop(&mut self) {
+        if let Some(future) = self.future.take() {
+            self.control.adopt(future);
+        }
+    }
+}
+
+/// Run `handle-call` on the caller's task, holding the key's process.
+async fn run_inline(
+    mut process: ProcessGuard,
+    control: Arc<KeyControl>,
+    message: Vec<u8>,
+) -> Result<Vec<u8>> {
+    let Some(running) = process.as_mut() else {
+        return Err(Error::KeyDied("the key process went away".to_owned()));
+    };
+    // The guest traps at its next epoch check once killed; a kill while it
+    // waits on the host (e.g. a host call) ends the call here.
+    let outcome = {
+        let call = running.handle_call(&message);
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            outcome = &mut call => Some(outcome),
+            () = control.killed() => None,
+        }
+    };
+    match outcome {
+        Some(Ok(result)) => result.map_err(Error::Rejected),
+        Some(Err(Death(why))) => {
+            *process = None;
+            control.died(why.clone());
+            Err(Error::KeyDied(why))
+        }
+        None => {
+            *process = None;
+            let why = format!("killed: {}", control.reason().unwrap_or_default());
+            control.died(why.clone());
+            Err(Error::KeyDied(why))
+        }
+    }
+}
+
+/// Register a fresh waiter for `control`'s changes in `changed` (after the
+/// previous one fired). Check the flags after this, not before.
+fn rearm<'a>(control: &'a KeyControl, changed: &mut Pin<&mut Notified<'a>>) {
+    changed.set(control.changed.notified());
+    changed.as_mut().enable();
 }
 
 /// A message for a key process.
@@ -211,6 +375,9 @@ pub(crate) struct KeyCtx {
     pub(crate) env: Arc<KeyEnv>,
     cpu_ticks: u64,
     cpu_limit_ticks: u64,
+    /// Set when the epoch callback yielded: the first epoch check after the
+    /// guest resumes calls back again (see the callback).
+    resuming: bool,
     /// Why the host interrupted the guest, when it did (CPU or memory limit).
     death: Option<String>,
     pub(crate) timers: HashMap<u64, AbortHandle>,
@@ -311,6 +478,7 @@ impl KeyProcess {
             env: env.clone(),
             cpu_ticks: 0,
             cpu_limit_ticks,
+            resuming: false,
             death: None,
             timers: HashMap::new(),
             next_timer: 1,
@@ -324,6 +492,22 @@ impl KeyProcess {
             if ctx.env.control.is_killed() {
                 return Ok(UpdateDeadline::Interrupt);
             }
+            // Past the fence point a `terminate` key runs no guest code,
+            // whether or not the fence sweep has flagged it yet: the next
+            // epoch tick (or the fence's own epoch bump) interrupts it. This
+            // makes "nothing runs" independent of how many keys are live.
+            if ctx.env.on_fence == OnFence::Terminate
+                && ctx.env.node.upgrade().is_none_or(|node| !node.may_act())
+            {
+                ctx.env.control.kill("the node is fenced");
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            if ctx.resuming {
+                // The first check after a yield: the kill flag was read just
+                // above, after the guest resumed. Count from here.
+                ctx.resuming = false;
+                return Ok(UpdateDeadline::Continue(1));
+            }
             ctx.cpu_ticks += 1;
             if ctx.cpu_ticks > ctx.cpu_limit_ticks {
                 ctx.death = Some(format!(
@@ -332,8 +516,13 @@ impl KeyProcess {
                 ));
                 return Ok(UpdateDeadline::Interrupt);
             }
-            // Let other keys run on this worker thread.
-            Ok(UpdateDeadline::Yield(1))
+            // Let other keys run on this worker thread. The deadline after
+            // the yield is the epoch at resumption (delta 0), so the guest's
+            // first check after it resumes calls back and reads the kill
+            // flag again: a kill (and its epoch bump) that lands while the
+            // key waits to be resumed is not absorbed into the new deadline.
+            ctx.resuming = true;
+            Ok(UpdateDeadline::Yield(0))
         });
         let guest = match module.pre.instantiate_async(&mut store).await {
             Ok(guest) => guest,
@@ -364,7 +553,9 @@ impl KeyProcess {
     }
 
     fn begin_callback(&mut self) {
-        self.store.data_mut().cpu_ticks = 0;
+        let ctx = self.store.data_mut();
+        ctx.cpu_ticks = 0;
+        ctx.resuming = false;
         self.store.set_epoch_deadline(1);
     }
 
@@ -478,6 +669,7 @@ fn first_line(text: &str) -> &str {
 /// A live key's entry in its module's table.
 pub(crate) struct KeyHandle {
     tx: mpsc::Sender<Envelope>,
+    process: Arc<ProcessCell>,
     control: Arc<KeyControl>,
     generation: u64,
     started_at: SystemTime,
@@ -607,10 +799,18 @@ impl ModuleSlot {
         });
         tx.try_send(envelope)
             .unwrap_or_else(|_| unreachable!("a new mailbox has room for one message"));
+        let process = Arc::new(ProcessCell::new(None));
+        // The task holds the process from the start; callers go through the
+        // mailbox until it has started.
+        let held = process
+            .clone()
+            .try_lock_owned()
+            .unwrap_or_else(|_| unreachable!("a new cell is unlocked"));
         keys.insert(
             Box::from(key),
             KeyHandle {
                 tx,
+                process,
                 control,
                 generation,
                 started_at: SystemTime::now(),
@@ -629,8 +829,81 @@ impl ModuleSlot {
             env,
             rx,
             handoff,
+            held,
         ));
         Ok(())
+    }
+
+    /// Call `key` and wait for its reply, activating it first if it has no
+    /// live process.
+    //
+    // Not called yet: `NodeShared::call_local` (node.rs) still delivers an
+    // envelope and waits for it; switching it to this method is the warm-call
+    // fix of docs/benchmarks.md. Remove the `allow` then.
+    #[allow(dead_code)]
+    ///
+    /// When the key is idle (nothing in its mailbox, nothing being
+    /// processed) and the call is routed, the call runs right here on the
+    /// caller's task, holding the key's process: no hop to the key's task
+    /// and back. Otherwise it goes through the mailbox like every other
+    /// message. Either way the key runs one callback at a time, in arrival
+    /// order.
+    pub(crate) async fn call(
+        self: &Arc<Self>,
+        node: &Arc<NodeShared>,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+        message: Vec<u8>,
+        via: Via,
+    ) -> Result<Vec<u8>> {
+        if via == Via::Routed
+            && !node.reports_events()
+            && let Some((process, control)) = self.try_inline(key)
+        {
+            // Served only while the node may act; otherwise the key's task
+            // decides (a terminate key dies, a survivor refuses).
+            if !control.is_killed() && !control.is_survivor() && node.may_act() {
+                control.touch();
+                let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
+                return InlineCall {
+                    future: Some(future),
+                    control,
+                }
+                .await;
+            }
+        }
+        let (reply, rx) = oneshot::channel();
+        self.deliver(
+            node,
+            key,
+            partition,
+            token,
+            Envelope::Call {
+                message,
+                reply,
+                via,
+            },
+        )?;
+        rx.await
+            .map_err(|_| Error::KeyDied("the key process went away".to_owned()))?
+    }
+
+    /// The key's process, if the key is live and idle: its mailbox is empty,
+    /// its task is not processing a message, and no one else holds it.
+    fn try_inline(&self, key: &str) -> Option<(ProcessGuard, Arc<KeyControl>)> {
+        let keys = lock(&self.keys);
+        let handle = keys.get(key)?;
+        // Mailbox first, then `receiving`: a message the task took out
+        // before the mailbox was read is still flagged (see `receive`).
+        if handle.tx.capacity() != handle.tx.max_capacity() {
+            return None;
+        }
+        let process = handle.process.clone().try_lock_owned().ok()?;
+        if process.is_none() || handle.control.receiving.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some((process, handle.control.clone()))
     }
 
     /// Kill every live key whose partition `select` accepts. Returns how many.
@@ -649,13 +922,18 @@ impl ModuleSlot {
     pub(crate) fn fence_keys(&self, limbo: &Limbo) -> usize {
         let mut keys = lock(&self.keys);
         let mut killed = 0;
-        let names: Vec<Box<str>> = keys.keys().cloned().collect();
-        for name in names {
-            let mode = keys[&name].on_fence;
-            if mode == OnFence::Terminate {
-                killed += usize::from(keys[&name].control.kill("the node fenced"));
-                continue;
+        // One pass kills the `terminate` keys (most, usually) in place; only
+        // the others are listed, to move them out.
+        let mut survivors: Vec<Box<str>> = Vec::new();
+        for (name, handle) in keys.iter() {
+            if handle.on_fence == OnFence::Terminate {
+                killed += usize::from(handle.control.kill("the node fenced"));
+            } else {
+                survivors.push(name.clone());
             }
+        }
+        for name in survivors {
+            let mode = keys[&name].on_fence;
             let handle = keys.remove(&name).expect("listed above");
             let deadline = handle.handle_fence_deadline;
             let callback = (mode == OnFence::Callback).then_some(deadline);
@@ -788,6 +1066,12 @@ enum Exit {
 }
 
 /// The task that owns one key process.
+///
+/// The task holds the process (`held`) while it starts it and while it
+/// processes a message, and lets go of it while it waits for the next one,
+/// so that a routed call to an idle key can run on its caller's task (see
+/// [`ModuleSlot::call`]).
+#[allow(clippy::too_many_arguments)]
 async fn run_key(
     node: Arc<NodeShared>,
     slot: Arc<ModuleSlot>,
@@ -795,21 +1079,31 @@ async fn run_key(
     env: Arc<KeyEnv>,
     mut rx: mpsc::Receiver<Envelope>,
     handoff: Option<Vec<u8>>,
+    held: ProcessGuard,
 ) {
     let control = env.control.clone();
     let key = env.key.clone();
+    let cell = ProcessGuard::mutex(&held).clone();
+    let mut held = Some(held);
     node.observe(&env.module, &key, KeyLifeEvent::Started);
     let started = tokio::select! {
         biased;
         () = control.killed() => Err(Error::KeyDied(format!(
             "killed: {}", control.reason().unwrap_or_default()
         ))),
-        r = KeyProcess::start(&node, &module, env.clone(), handoff) => r,
+        // Boxed, like the other guest calls below: the task's own future
+        // stays small (it lives as long as the key).
+        r = Box::pin(KeyProcess::start(&node, &module, env.clone(), handoff)) => r,
     };
-    let mut process = match started {
-        Ok(process) => process,
+    match started {
+        Ok(process) => {
+            if let Some(guard) = held.as_mut() {
+                **guard = Some(process);
+            }
+        }
         Err(error) => {
             tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
+            drop(held);
             node.observe(&env.module, &key, KeyLifeEvent::Ended);
             slot.remove_if_current(&key, env.generation);
             control.exited.send_replace(true);
@@ -819,42 +1113,102 @@ async fn run_key(
             }
             return;
         }
-    };
+    }
     tracing::debug!(module = %slot.name, key = %key, "key started");
     let idle_timeout = module.options.idle_timeout;
+    // One registered waiter for kills, fence orders, orphans and inline
+    // deaths, and one idle timer, for the task's whole life: a message arms
+    // neither.
+    let changed = control.changed.notified();
+    tokio::pin!(changed);
+    changed.as_mut().enable();
+    // The idle timer fires every `idle_timeout`; the key retires when a
+    // whole period passed with no message (mailbox or inline), so an idle
+    // key stops between one and two `idle_timeout`s after its last message,
+    // and a message costs a counter increment, not a clock read.
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
+    let mut messages: u64 = 0;
+    let mut seen_at_last_tick = 0;
     let exit = loop {
+        control.receiving.store(false, Ordering::SeqCst);
+        if control.is_killed() {
+            break Exit::Killed;
+        }
+        if let Some(why) = control.death() {
+            break Exit::Died(why);
+        }
+        if let Some(orphan) = control.take_orphan() {
+            // An inline call whose caller went away: finish it (it holds
+            // the process; its reply has no one to go to).
+            let _ = orphan.await;
+            continue;
+        }
+        if control.fence_ordered.load(Ordering::SeqCst) {
+            hold(&mut held, &cell, &control, &mut changed).await;
+            let (Some(deadline), Some(process)) = (
+                control.take_fence_order(),
+                held.as_mut().and_then(|guard| guard.as_mut()),
+            ) else {
+                continue;
+            };
+            // Callback mode: the key decides, under a deadline the fencer
+            // enforces with a kill; this loop never delays it.
+            let answer = tokio::select! {
+                biased;
+                () = control.killed_with(&mut changed) => break Exit::Killed,
+                answer = Box::pin(process.handle_fence(deadline)) => answer,
+            };
+            control.fence_answered.store(true, Ordering::SeqCst);
+            match answer {
+                Ok(FenceDecision::Continue) => continue,
+                Ok(FenceDecision::Stop(reason)) => {
+                    let _ = Box::pin(process.terminate(&StopReason::Fenced(reason))).await;
+                    break Exit::Stopped;
+                }
+                Err(Death(why)) => break Exit::Died(why),
+            }
+        }
+        // Idle: let go of the process while waiting.
+        drop(held.take());
         let envelope = tokio::select! {
             biased;
-            () = control.killed() => break Exit::Killed,
-            deadline = control.fence_ordered() => {
-                // Callback mode: the key decides, under a deadline the
-                // fencer enforces with a kill; this loop never delays it.
-                let answer = tokio::select! {
-                    biased;
-                    () = control.killed() => break Exit::Killed,
-                    answer = process.handle_fence(deadline) => answer,
-                };
-                control.fence_answered.store(true, Ordering::SeqCst);
-                match answer {
-                    Ok(FenceDecision::Continue) => continue,
-                    Ok(FenceDecision::Stop(reason)) => {
-                        let _ = process.terminate(&StopReason::Fenced(reason)).await;
-                        break Exit::Stopped;
-                    }
-                    Err(Death(why)) => break Exit::Died(why),
-                }
+            () = &mut changed => {
+                // The flags are read at the top of the loop.
+                rearm(&control, &mut changed);
+                continue;
             }
-            envelope = rx.recv() => match envelope {
+            envelope = receive(&mut rx, &control) => match envelope {
                 Some(envelope) => envelope,
                 None => break Exit::Stopped,
             },
-            () = tokio::time::sleep(idle_timeout), if process.timers_armed() == 0 => {
-                if slot.retire_if_idle(&key, env.generation, &rx) {
-                    let _ = process.terminate(&StopReason::Idle).await;
+            () = &mut idle => {
+                let seen = messages + control.inline_calls();
+                let quiet = seen == seen_at_last_tick;
+                seen_at_last_tick = seen;
+                idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
+                // Retire only with no timer armed and no inline call
+                // running, under the lock every sender takes.
+                if quiet
+                    && let Ok(guard) = cell.clone().try_lock_owned()
+                    && guard.as_ref().is_some_and(|p| p.timers_armed() == 0)
+                    && slot.retire_if_idle(&key, env.generation, &rx)
+                {
+                    let process = held.insert(guard).as_mut().expect("checked above");
+                    let _ = Box::pin(process.terminate(&StopReason::Idle)).await;
                     break Exit::Stopped;
                 }
                 continue;
             }
+        };
+        messages += 1;
+        hold(&mut held, &cell, &control, &mut changed).await;
+        let Some(process) = held.as_mut().and_then(|guard| guard.as_mut()) else {
+            // The process died during an inline call.
+            envelope.fail(Error::KeyDied(
+                "the key process died; the message was not processed, retry".to_owned(),
+            ));
+            continue;
         };
         // Nothing routed is served past the fence, even if this task was
         // paused across the fence point and the fence sweep has not reached
@@ -880,8 +1234,8 @@ async fn run_key(
         let mut waiting = None;
         let outcome = tokio::select! {
             biased;
-            () = control.killed() => None,
-            outcome = dispatch(&mut process, envelope, &mut waiting) => Some(outcome),
+            () = control.killed_with(&mut changed) => None,
+            outcome = Box::pin(dispatch(process, envelope, &mut waiting)) => Some(outcome),
         };
         match outcome {
             None => {
@@ -899,8 +1253,14 @@ async fn run_key(
         }
     };
     // Drop the store (and with it the instance, its timers and its
-    // subscriptions) before the key can be activated again.
-    drop(process);
+    // subscriptions) before the key can be activated again. An inline call
+    // still holding the process ends soon: a kill interrupts it, and any
+    // other exit happens only while no call runs.
+    hold(&mut held, &cell, &control, &mut changed).await;
+    if let Some(guard) = held.as_mut() {
+        drop(guard.take());
+    }
+    drop(held);
     node.observe(&env.module, &key, KeyLifeEvent::Ended);
     slot.remove_if_current(&key, env.generation);
     node.limbo.remove(&env.module, &key, env.generation);
@@ -923,6 +1283,47 @@ async fn run_key(
             "{why}; the message was not processed, retry"
         )));
     }
+}
+
+/// Take the key's process into `held` (if not held yet): wait for an inline
+/// call that holds it, finishing orphaned inline calls meanwhile.
+async fn hold<'a>(
+    held: &mut Option<ProcessGuard>,
+    cell: &Arc<ProcessCell>,
+    control: &'a KeyControl,
+    changed: &mut Pin<&mut Notified<'a>>,
+) {
+    if held.is_some() {
+        return;
+    }
+    loop {
+        if let Some(orphan) = control.take_orphan() {
+            let _ = orphan.await;
+        }
+        tokio::select! {
+            biased;
+            guard = cell.clone().lock_owned() => {
+                *held = Some(guard);
+                return;
+            }
+            () = changed.as_mut() => rearm(control, changed),
+        }
+    }
+}
+
+/// Take the next message out of the mailbox, setting `receiving` before it
+/// leaves the mailbox (see [`ModuleSlot::try_inline`]); the loop clears it
+/// once the message is processed.
+async fn receive(rx: &mut mpsc::Receiver<Envelope>, control: &KeyControl) -> Option<Envelope> {
+    std::future::poll_fn(|cx| {
+        control.receiving.store(true, Ordering::SeqCst);
+        let poll = rx.poll_recv(cx);
+        if !matches!(poll, std::task::Poll::Ready(Some(_))) {
+            control.receiving.store(false, Ordering::SeqCst);
+        }
+        poll
+    })
+    .await
 }
 
 enum Step {
