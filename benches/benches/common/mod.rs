@@ -627,6 +627,19 @@ pub fn rss_bytes() -> u64 {
     pages * 4096
 }
 
+/// This process's proportional set size, in bytes: each resident page
+/// divided by how many times it is mapped, so a copy-on-write data page
+/// shared by a thousand instances counts once, not a thousand times as in
+/// the resident set size.
+pub fn pss_bytes() -> u64 {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// Resident bytes per mapping of this process, from `/proc/self/smaps`:
 /// (start address, mapping size, resident bytes, name).
 pub fn smaps() -> Vec<(u64, u64, u64, String)> {
