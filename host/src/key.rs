@@ -921,13 +921,16 @@ impl ModuleSlot {
     /// it has not answered by its deadline). Returns how many were killed.
     pub(crate) fn fence_keys(&self, limbo: &Limbo) -> usize {
         let mut keys = lock(&self.keys);
-        let mut killed = 0;
-        // One pass kills the `terminate` keys (most, usually) in place; only
-        // the others are listed, to move them out.
+        // The `terminate` keys (most, usually) are killed after the lock is
+        // released: waking thousands of key tasks under it would stall every
+        // worker that runs one of them into `remove_if_current`. No guest
+        // code of theirs runs meanwhile: past the fence point the epoch
+        // callback and the key loop refuse to run it (see `KeyProcess::start`).
+        let mut doomed: Vec<Arc<KeyControl>> = Vec::with_capacity(keys.len());
         let mut survivors: Vec<Box<str>> = Vec::new();
         for (name, handle) in keys.iter() {
             if handle.on_fence == OnFence::Terminate {
-                killed += usize::from(handle.control.kill("the node fenced"));
+                doomed.push(handle.control.clone());
             } else {
                 survivors.push(name.clone());
             }
@@ -962,7 +965,11 @@ impl ModuleSlot {
                 mailbox: handle.tx,
             });
         }
-        killed
+        drop(keys);
+        doomed
+            .iter()
+            .filter(|control| control.kill("the node fenced"))
+            .count()
     }
 
     /// A live key's mailbox (its local handle on this node).

@@ -48,7 +48,7 @@ impl Runtime {
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(keys)
             .total_core_instances(keys.saturating_mul(4))
-            .total_memories(memory_slots(config))
+            .total_memories(memory_slots(config)?)
             .total_tables(keys.saturating_mul(4))
             .total_stacks(keys)
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
@@ -130,18 +130,32 @@ fn check_map_count(keys: u32) -> Result<()> {
     )))
 }
 
-/// Most address space the memory pool may reserve: 96 TiB of the 128 TiB a
-/// process has with 4-level page tables.
-const MEMORY_POOL_ADDRESS_SPACE: u64 = 96 << 40;
+/// Most address space the memory pool may reserve: 64 TiB of the 128 TiB a
+/// process has with 4-level page tables (one reservation of 96 TiB already
+/// fails on this project's machines; the stack and table pools need room
+/// too).
+const MEMORY_POOL_ADDRESS_SPACE: u64 = 64 << 40;
 
 /// Linear memories in the pool: two per key (a component may have more than
-/// one), but no more than [`MEMORY_POOL_ADDRESS_SPACE`] holds, and at least
-/// one per key.
-fn memory_slots(config: &NodeConfig) -> u32 {
+/// one), but no more than [`MEMORY_POOL_ADDRESS_SPACE`] holds.
+///
+/// # Errors
+///
+/// [`Error::Config`] if not even one memory per key fits.
+fn memory_slots(config: &NodeConfig) -> Result<u32> {
     let keys = config.max_live_keys;
     let slot = config.max_memory_per_key.as_u64() + MEMORY_GUARD;
     let fit = u32::try_from(MEMORY_POOL_ADDRESS_SPACE / slot).unwrap_or(u32::MAX);
-    keys.saturating_mul(2).min(fit).max(keys)
+    if fit < keys {
+        return Err(Error::Config(format!(
+            "max_live_keys = {keys} memories of max_memory_per_key = {} need more than the \
+             {} TiB of address space the memory pool may reserve: lower max_memory_per_key \
+             (and the modules' memory_limit) or max_live_keys (at most {fit} keys fit)",
+            config.max_memory_per_key,
+            MEMORY_POOL_ADDRESS_SPACE >> 40
+        )));
+    }
+    Ok(keys.saturating_mul(2).min(fit))
 }
 
 /// A thread that increments the engine's epoch every tick until dropped.
