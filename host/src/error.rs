@@ -158,6 +158,24 @@ pub enum Error {
         /// The bound.
         limit: usize,
     },
+    /// The module has no such stored version (a rollback to a version that
+    /// was never deployed or was removed).
+    #[error(
+        "module {module:?} has no version {version} (stored versions: {stored}); `fief modules` lists them"
+    )]
+    UnknownModuleVersion {
+        /// The module.
+        module: String,
+        /// The version asked for.
+        version: u64,
+        /// The stored versions, comma-separated.
+        stored: String,
+    },
+    /// The module store (in the arbiter) could not be read or written.
+    #[error(
+        "the module store is unavailable: {0}; nothing was changed, retry when the arbiter is reachable"
+    )]
+    ModuleStore(String),
     /// Something that should not happen; a bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -192,6 +210,8 @@ impl Error {
             Error::MethodNotAllowed(_) => "method_not_allowed",
             Error::VersionConflict { .. } => "version_conflict",
             Error::CacheEntryTooLarge { .. } => "cache_entry_too_large",
+            Error::UnknownModuleVersion { .. } => "unknown_module_version",
+            Error::ModuleStore(_) => "module_store_unavailable",
             Error::Internal(_) => "internal",
         }
     }
@@ -199,7 +219,9 @@ impl Error {
     /// The HTTP status the API answers this error with.
     pub fn http_status(&self) -> u16 {
         match self {
-            Error::UnknownModule(_) | Error::NoSuchEndpoint(_) => 404,
+            Error::UnknownModule(_)
+            | Error::NoSuchEndpoint(_)
+            | Error::UnknownModuleVersion { .. } => 404,
             Error::InvalidKey(_)
             | Error::InvalidModuleName { .. }
             | Error::InvalidOptions(_)
@@ -212,7 +234,11 @@ impl Error {
             Error::Overloaded { .. } | Error::TooManyKeys { .. } => 429,
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
-            Error::Fenced | Error::Unowned(_) | Error::ShuttingDown | Error::NotOwner { .. } => 503,
+            Error::Fenced
+            | Error::Unowned(_)
+            | Error::ShuttingDown
+            | Error::NotOwner { .. }
+            | Error::ModuleStore(_) => 503,
             Error::Remote { status, .. } => *status,
             Error::Timeout(_) => 504,
         }

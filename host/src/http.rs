@@ -3,7 +3,8 @@
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `PUT /v1/modules/{name}?option=value…` | deploy a component (raw body) |
+//! | `PUT /v1/modules/{name}?option=value…` | deploy a component (raw body, streamed) to the cluster |
+//! | `GET`, `DELETE /v1/modules/{name}`, `GET /v1/modules`, `POST /v1/modules/{name}/rollback` | list, undeploy, roll back ([`crate::http_modules`]) |
 //! | `POST /v1/keys/{module}/{key}/call` | raw message in, raw reply out |
 //! | `POST /v1/keys/{module}/{key}/cast` | raw message in, `202` |
 //! | `DELETE /v1/keys/{module}/{key}` | kill a key's process |
@@ -17,7 +18,7 @@
 //!
 //! Every error is JSON `{"error":{"code":"…","message":"…"}}` with the status
 //! of [`Error::http_status`]. Bodies are read with a limit (the node's
-//! `max_message_size` for messages, [`MAX_MODULE_BYTES`] for modules), so a
+//! `max_message_size` for messages, [`MAX_MODULE_BYTES`](crate::module::MAX_MODULE_BYTES) for modules), so a
 //! client cannot make the node buffer more than that.
 
 use std::sync::Arc;
@@ -34,7 +35,6 @@ use serde_json::json;
 use crate::cache::{Expect, PutOptions};
 use crate::config::ModuleOptions;
 use crate::error::Error;
-use crate::module::MAX_MODULE_BYTES;
 use crate::node::Instance;
 
 impl IntoResponse for Error {
@@ -49,7 +49,17 @@ impl IntoResponse for Error {
 /// The API's routes over `instance`.
 pub fn router(instance: Arc<Instance>) -> Router {
     Router::new()
-        .route("/v1/modules/{name}", put(deploy))
+        .route("/v1/modules", get(crate::http_modules::list))
+        .route(
+            "/v1/modules/{name}",
+            put(deploy)
+                .get(crate::http_modules::get_one)
+                .delete(crate::http_modules::undeploy),
+        )
+        .route(
+            "/v1/modules/{name}/rollback",
+            post(crate::http_modules::rollback),
+        )
         .route("/v1/keys/{module}/{key}/call", post(call))
         .route("/v1/keys/{module}/{key}/cast", post(cast))
         .route("/v1/keys/{module}/{key}", axum::routing::delete(kill))
@@ -136,6 +146,7 @@ async fn deploy(
     State(instance): State<Arc<Instance>>,
     name: Result<Path<String>, PathRejection>,
     options: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
     let Query(options) = options
@@ -145,12 +156,10 @@ async fn deploy(
         why: format!("the module name in the path must be valid percent-encoded UTF-8: {e}"),
     })?;
     let options = ModuleOptions::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-    let wasm = read_body(body, MAX_MODULE_BYTES).await.map_err(|_| {
-        Error::InvalidModule(format!(
-            "the component is over the limit of {MAX_MODULE_BYTES} bytes"
-        ))
-    })?;
-    let info = instance.deploy(&name, &wasm, options).await?;
+    let wasm = crate::http_modules::read_module_body(&headers, body).await?;
+    let info = instance
+        .deploy_as(&name, wasm, options, crate::arbiter::ANONYMOUS)
+        .await?;
     Ok(axum::Json(info))
 }
 

@@ -14,6 +14,8 @@ use bytesize::ByteSize;
 use clap::{Args, Parser, Subcommand};
 use fief::{Instance, ModuleOptions, NodeConfig};
 
+mod cli_modules;
+
 /// Fief: WebAssembly key processes with strict single ownership.
 #[derive(Parser)]
 #[command(name = "fief", version, about)]
@@ -26,8 +28,15 @@ struct Cli {
 enum Command {
     /// Run a node (with the embedded arbiter) and its HTTP API.
     Node(Box<NodeArgs>),
-    /// Deploy a .wasm component as a module.
+    /// Deploy a .wasm component as a module, to the whole cluster (shows
+    /// progress on stderr: upload, validation, compilation, loading).
     Deploy(DeployArgs),
+    /// List the cluster's modules: versions, the current one, where loaded.
+    Modules(cli_modules::ModulesArgs),
+    /// Make a stored version of a module current again (new activations).
+    Rollback(cli_modules::RollbackArgs),
+    /// Remove a module from the cluster, stopping its keys everywhere.
+    Undeploy(cli_modules::UndeployArgs),
     /// Call a key and print its reply.
     Call(KeyArgs),
     /// Send a key a one-way message.
@@ -237,7 +246,10 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => node(*args).await,
-        Command::Deploy(args) => deploy(args).await,
+        Command::Deploy(args) => cli_modules::deploy(args).await,
+        Command::Modules(args) => cli_modules::modules(args).await,
+        Command::Rollback(args) => cli_modules::rollback(args).await,
+        Command::Undeploy(args) => cli_modules::undeploy(args).await,
         Command::Call(args) => call(args, "call").await,
         Command::Cast(args) => call(args, "cast").await,
         Command::Status(args) => status(args).await,
@@ -410,35 +422,6 @@ fn connect_error(node: &str) -> impl FnOnce(reqwest::Error) -> anyhow::Error + '
             "cannot reach the node at {node}: {e} (is `fief node` running? pass --node URL)"
         )
     }
-}
-
-async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
-    let wasm =
-        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let mut query = Vec::new();
-    for option in &args.options {
-        let Some((k, v)) = option.split_once('=') else {
-            bail!("--option {option:?}: expected NAME=VALUE");
-        };
-        query.push((k.to_owned(), v.to_owned()));
-    }
-    let url = format!(
-        "{}/v1/modules/{}",
-        args.node.trim_end_matches('/'),
-        args.module
-    );
-    let request = client().put(&url).query(&query).body(wasm);
-    let info: serde_json::Value = send(&args.node, request).await?.json().await?;
-    let how = if info["compile_cached"].as_bool() == Some(true) {
-        "loaded from the compile cache"
-    } else {
-        "compiled"
-    };
-    println!(
-        "deployed {} version {} ({how} in {} ms)",
-        args.module, info["version"], info["compile_ms"]
-    );
-    Ok(())
 }
 
 /// `node`'s URL with `segments` appended, each percent-encoded.

@@ -25,6 +25,24 @@ use crate::runtime::Runtime;
 /// Largest component accepted by a deploy.
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 
+/// The interfaces of the `fief:key` package a key module may import.
+const FIEF_IMPORTS: [&str; 2] = ["fief:key/host@0.1.0", "fief:key/types@0.1.0"];
+
+/// The export that makes a component a key module.
+const LIFECYCLE_EXPORT: &str = "fief:key/lifecycle@0.1.0";
+
+/// The WASI 0.2 packages the node links (every key gets them; what they may
+/// reach is decided per key: no preopened directory unless the module's
+/// options grant one, no network).
+const WASI_PACKAGES: [&str; 6] = [
+    "wasi:cli",
+    "wasi:clocks",
+    "wasi:filesystem",
+    "wasi:io",
+    "wasi:random",
+    "wasi:sockets",
+];
+
 /// A compiled, validated module version.
 pub struct CompiledModule {
     pub(crate) pre: KeyModulePre<KeyCtx>,
@@ -52,6 +70,13 @@ fn check_binary_kind(bytes: &[u8]) -> Result<()> {
             bytes.len()
         )));
     }
+    check_header(bytes)
+}
+
+/// Check that `prefix` (the first bytes of an upload, 8 are enough) starts
+/// a component, so a wrong upload is refused before the rest is read.
+pub(crate) fn check_header(prefix: &[u8]) -> Result<()> {
+    let bytes = prefix;
     if Parser::is_component(bytes) {
         return Ok(());
     }
@@ -65,6 +90,75 @@ fn check_binary_kind(bytes: &[u8]) -> Result<()> {
     ))
 }
 
+/// Whether a key module may import `name` (`package:namespace/interface@version`).
+fn import_granted(name: &str) -> bool {
+    if FIEF_IMPORTS.contains(&name) {
+        return true;
+    }
+    let Some((interface, version)) = name.split_once('@') else {
+        return false;
+    };
+    let Some((package, _)) = interface.split_once('/') else {
+        return false;
+    };
+    WASI_PACKAGES.contains(&package) && version.starts_with("0.2.")
+}
+
+/// The names a component imports and exports at its top level (not those of
+/// the modules and components nested in it).
+fn top_level_names(bytes: &[u8]) -> Result<(Vec<String>, Vec<String>)> {
+    use wasmparser::Payload;
+    let (mut imports, mut exports) = (Vec::new(), Vec::new());
+    let mut depth = 0usize;
+    let malformed = |e: wasmparser::BinaryReaderError| {
+        Error::InvalidModule(format!(
+            "the component is malformed ({e}); rebuild it, or check the upload was not truncated"
+        ))
+    };
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(malformed)? {
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(reader) if depth == 0 => {
+                for import in reader {
+                    imports.push(import.map_err(malformed)?.name.name.to_owned());
+                }
+            }
+            Payload::ComponentExportSection(reader) if depth == 0 => {
+                for export in reader {
+                    exports.push(export.map_err(malformed)?.name.name.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((imports, exports))
+}
+
+/// Check what a component imports and exports before compiling it: every
+/// import must be one the node grants, and it must export the key
+/// lifecycle. Each refusal names the import or export at fault.
+fn check_interface(bytes: &[u8]) -> Result<()> {
+    let (imports, exports) = top_level_names(bytes)?;
+    if let Some(import) = imports.iter().find(|name| !import_granted(name)) {
+        return Err(Error::InvalidModule(format!(
+            "the component imports `{import}`, which a key module may not import: the node grants only fief:key/host@0.1.0 and the WASI 0.2 interfaces ({}); build the module without that dependency",
+            WASI_PACKAGES.join(", ")
+        )));
+    }
+    if !exports.iter().any(|name| name == LIFECYCLE_EXPORT) {
+        let found = if exports.is_empty() {
+            "nothing".to_owned()
+        } else {
+            exports.join(", ")
+        };
+        return Err(Error::InvalidModule(format!(
+            "the component does not implement the fief:key/key-module@0.1.0 world: it exports {found}, not {LIFECYCLE_EXPORT} (with the Rust SDK: `fief_guest::export_key!(YourKey);`)"
+        )));
+    }
+    Ok(())
+}
+
 /// Validate and compile a module. CPU-heavy: call it off the async runtime.
 pub(crate) fn compile(
     runtime: &Runtime,
@@ -73,6 +167,7 @@ pub(crate) fn compile(
     version: u64,
 ) -> Result<CompiledModule> {
     check_binary_kind(bytes)?;
+    check_interface(bytes)?;
     let started = std::time::Instant::now();
     let content_hash = content_hash(bytes);
     let cache = runtime.compile_cache.as_ref();
@@ -122,5 +217,16 @@ mod tests {
         assert!(err.contains("core WebAssembly module"), "{err}");
         let err = check_binary_kind(b"hello").unwrap_err().to_string();
         assert!(err.contains("not a WebAssembly binary"), "{err}");
+    }
+
+    #[test]
+    fn only_fief_and_wasi_0_2_imports_are_granted() {
+        assert!(import_granted("fief:key/host@0.1.0"));
+        assert!(import_granted("wasi:io/streams@0.2.3"));
+        assert!(import_granted("wasi:sockets/tcp@0.2.0"));
+        assert!(!import_granted("wasi:http/outgoing-handler@0.2.0"));
+        assert!(!import_granted("wasi:io/streams@0.3.0"));
+        assert!(!import_granted("fief:key/host@0.2.0"));
+        assert!(!import_granted("env"));
     }
 }

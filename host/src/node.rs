@@ -23,16 +23,17 @@ use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 
-use crate::arbiter::{Arbiter, ArbiterError, LeaseId, LocalArbiter, Member, PostgresArbiter, Term};
+use crate::arbiter::{
+    ANONYMOUS, Arbiter, ArbiterError, LeaseId, LocalArbiter, Member, PostgresArbiter, Term,
+};
 use crate::bindings::types::StopReason;
 use crate::cache::{Cache, CacheStats, CacheStore};
 use crate::clock::{NodeClock, TokioClock};
-use crate::config::{ModuleOptions, NodeConfig, validate_key, validate_module_name};
+use crate::config::{ModuleOptions, NodeConfig, validate_key};
 use crate::error::{Error, Result};
 use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
 use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock};
 use crate::limbo::{Limbo, LimboEntry};
-use crate::module::compile;
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
 use crate::transport::{HandoffEntry, PeerPool, PeerRequest};
@@ -46,15 +47,17 @@ pub(crate) struct NodeShared {
     pub(crate) tasks: TaskTracker,
     pub(crate) limbo: Limbo,
     pub(crate) clock: Arc<dyn NodeClock>,
-    arbiter: Arc<dyn Arbiter>,
+    pub(crate) arbiter: Arc<dyn Arbiter>,
     /// Live members as the arbiter last reported them.
-    members: RwLock<BTreeMap<NodeId, Member>>,
-    peers: PeerPool,
+    pub(crate) members: RwLock<BTreeMap<NodeId, Member>>,
+    pub(crate) peers: PeerPool,
     peer_addr: Option<String>,
     lease: Mutex<Lease>,
     leader_term: Mutex<Option<Term>>,
     table: RwLock<OwnershipTable>,
-    modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
+    pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
+    /// Cluster-wide deploys: the module follower's bookkeeping.
+    pub(crate) deploys: crate::deploy::Deploys,
     fences: Mutex<u64>,
     observer: Option<KeyLifeObserver>,
     /// Receives leases granted, fences and routed messages processed (the
@@ -137,7 +140,7 @@ impl NodeShared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn module(&self, name: &str) -> Result<Arc<ModuleSlot>> {
+    pub(crate) fn module(&self, name: &str) -> Result<Arc<ModuleSlot>> {
         self.modules
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -146,7 +149,7 @@ impl NodeShared {
             .ok_or_else(|| Error::UnknownModule(name.to_owned()))
     }
 
-    fn slots(&self) -> Vec<Arc<ModuleSlot>> {
+    pub(crate) fn slots(&self) -> Vec<Arc<ModuleSlot>> {
         self.modules
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -164,46 +167,6 @@ impl NodeShared {
             });
         }
         Ok(())
-    }
-
-    /// Validate, compile and install a module (see [`Instance::deploy`]).
-    async fn deploy(
-        self: &Arc<Self>,
-        name: &str,
-        wasm: &[u8],
-        options: ModuleOptions,
-    ) -> Result<ModuleInfo> {
-        validate_module_name(name)?;
-        options.validate_for(&self.config, &self.config.lease_timing()?)?;
-        let existing = self.module(name).ok();
-        let version = existing
-            .as_ref()
-            .map_or(1, |slot| slot.current().version + 1);
-        let shared = self.clone();
-        let wasm = wasm.to_vec();
-        let compiled =
-            tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
-                .await
-                .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
-        tracing::info!(
-            module = name,
-            version,
-            bytes = compiled.size_bytes,
-            compile_ms = compiled.compile_time.as_millis(),
-            cached = compiled.compile_cached,
-            "module deployed"
-        );
-        match existing {
-            Some(slot) => slot.replace(compiled),
-            None => {
-                let slot = Arc::new(ModuleSlot::new(name, compiled));
-                self.modules
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(name.to_owned(), slot);
-            }
-        }
-        Ok(module_info(&*self.module(name)?))
     }
 
     /// Decide where a message for `key` goes, as of now. A partition being
@@ -563,8 +526,10 @@ impl NodeShared {
             }
             PeerRequest::Nudge => {
                 self.sync_now.notify_one();
+                self.deploys.wake();
                 Ok(Vec::new())
             }
+            PeerRequest::LoadedModules => Ok(self.loaded_modules()),
             PeerRequest::Cache(op) => self.cache_local(op).map(|outcome| outcome.encode()),
             PeerRequest::Hello { .. } => Ok(Vec::new()),
         }
@@ -892,6 +857,7 @@ impl InstanceBuilder {
             peer_addr,
             leader_term: Mutex::new(None),
             modules: RwLock::new(HashMap::new()),
+            deploys: crate::deploy::Deploys::default(),
             fences: Mutex::new(0),
             observer: self.observer,
             events: self.events,
@@ -906,8 +872,14 @@ impl InstanceBuilder {
             stop_requested: watch::channel(false).0,
             cache: Mutex::new(CacheStore::new(cache_max_bytes)),
         });
+        // Builder modules go through the module store like any deploy; then
+        // the node loads everything the store has before it joins, so it
+        // never owns a partition without its modules.
         for (name, wasm, options) in self.modules {
-            shared.deploy(&name, &wasm, options).await?;
+            shared.deploy_at_start(&name, wasm.into(), options).await?;
+        }
+        if let Err(e) = shared.sync_modules().await {
+            tracing::warn!(node = %shared.node_id, error = %e, "cannot load the stored modules at start; the module follower keeps trying");
         }
         let peer_server = peer_listener.map(|listener| {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
@@ -939,7 +911,7 @@ impl InstanceBuilder {
 /// # Ok(()) }
 /// ```
 pub struct Instance {
-    shared: Arc<NodeShared>,
+    pub(crate) shared: Arc<NodeShared>,
     coordination: tokio::task::JoinHandle<()>,
     peer_server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -972,20 +944,23 @@ impl Instance {
         &self.shared.config
     }
 
-    /// Deploy (or replace) a module on this node. Live keys of a replaced
-    /// module finish on their version; new activations use the new one.
+    /// Deploy (or replace) a module in the whole cluster, as `"anonymous"`
+    /// (see [`Instance::deploy_as`]). Live keys of a replaced module finish
+    /// on their version; new activations use the new one.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidModuleName`], [`Error::InvalidOptions`] or
-    /// [`Error::InvalidModule`] saying what is wrong; nothing is changed.
+    /// [`Error::InvalidModule`] saying what is wrong (nothing is stored or
+    /// changed), or [`Error::ModuleStore`] if the arbiter cannot store it.
     pub async fn deploy(
         &self,
         name: &str,
         wasm: &[u8],
         options: ModuleOptions,
     ) -> Result<ModuleInfo> {
-        self.shared.deploy(name, wasm, options).await
+        self.deploy_as(name, wasm.to_vec(), options, ANONYMOUS)
+            .await
     }
 
     /// Call `key` of `module` with `message` and wait for its reply (at most
@@ -1324,7 +1299,7 @@ impl Instance {
     }
 }
 
-fn module_info(slot: &ModuleSlot) -> ModuleInfo {
+pub(crate) fn module_info(slot: &ModuleSlot) -> ModuleInfo {
     let current = slot.current();
     ModuleInfo {
         name: slot.name.to_string(),
@@ -1352,6 +1327,8 @@ async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
     }
     let task = tokio::spawn(coordinate(shared.clone(), ready));
     let _guard = AbortOnDrop(task.abort_handle());
+    let follower = tokio::spawn(crate::deploy::follow_modules(shared.clone()));
+    let _follower_guard = AbortOnDrop(follower.abort_handle());
     let outcome = task.await;
     if let Err(e) = outcome
         && e.is_panic()

@@ -65,6 +65,9 @@ pub(crate) enum PeerRequest {
     /// A cache operation for a key the receiver owns; the response carries
     /// the postcard-encoded outcome.
     Cache(CacheOp),
+    /// Which module versions the receiver has loaded; the response carries
+    /// them postcard-encoded (see `deploy.rs`).
+    LoadedModules,
 }
 
 /// One key's handoff state, on its way to the new owner.

@@ -168,6 +168,43 @@ impl Arbiter for TestArbiter {
     ) -> ArbiterFuture<'a, OwnershipTable> {
         self.local.write_table(namespace, term, changes)
     }
+
+    fn put_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        module: fief::arbiter::NewModuleVersion,
+    ) -> ArbiterFuture<'a, fief::arbiter::ModuleVersionRecord> {
+        self.local.put_module(namespace, module)
+    }
+
+    fn modules<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> ArbiterFuture<'a, Vec<fief::arbiter::StoredModule>> {
+        self.local.modules(namespace)
+    }
+
+    fn module_bytes<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, Option<fief::arbiter::Bytes>> {
+        self.local.module_bytes(namespace, name, version)
+    }
+
+    fn set_current_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, fief::arbiter::StoredModule> {
+        self.local.set_current_module(namespace, name, version)
+    }
+
+    fn remove_module<'a>(&'a self, namespace: &'a str, name: &'a str) -> ArbiterFuture<'a, bool> {
+        self.local.remove_module(namespace, name)
+    }
 }
 
 /// A TCP proxy in front of a node's peer listener: the node's peers reach

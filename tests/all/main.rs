@@ -9,6 +9,7 @@ mod chaos;
 mod cluster;
 mod compile_cache;
 mod config;
+mod deploy;
 mod fence_modes;
 mod host_imports;
 mod http_cli;

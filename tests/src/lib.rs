@@ -415,7 +415,13 @@ pub mod multiprocess {
     /// Delete a namespace's rows from the arbiter's tables (best effort; for
     /// the end of a passing test, once its nodes are gone).
     pub async fn drop_namespace(db: &tokio_postgres::Client, namespace: &str) {
-        for table in ["fief_partitions", "fief_leases", "fief_namespaces"] {
+        for table in [
+            "fief_module_versions",
+            "fief_modules",
+            "fief_partitions",
+            "fief_leases",
+            "fief_namespaces",
+        ] {
             let _ = db
                 .execute(
                     &format!("DELETE FROM {table} WHERE namespace = $1"),

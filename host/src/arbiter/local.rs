@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use fief_core::{Clock, Instant, NodeId, OwnershipTable, PartitionCount, PartitionId};
 
-use super::{Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, Term};
+use super::{
+    Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, ModuleVersionRecord, NewModuleVersion,
+    StoredModule, Term,
+};
 use crate::key::lock;
 
 struct LeaseRecord {
@@ -33,6 +36,27 @@ struct Namespace {
     table: OwnershipTable,
     leader: Option<(NodeId, LeaseId)>,
     term: u64,
+    /// The module store: name → its versions.
+    modules: BTreeMap<String, ModuleEntry>,
+}
+
+/// One module name in the store. `current` is `None` once undeployed; the
+/// entry stays so its version numbers are never reused.
+#[derive(Default)]
+struct ModuleEntry {
+    last_version: u64,
+    current: Option<u64>,
+    versions: BTreeMap<u64, (ModuleVersionRecord, bytes::Bytes)>,
+}
+
+impl ModuleEntry {
+    fn stored(&self, name: &str) -> Option<StoredModule> {
+        Some(StoredModule {
+            name: name.to_owned(),
+            current: self.current?,
+            versions: self.versions.values().map(|(r, _)| r.clone()).collect(),
+        })
+    }
 }
 
 impl Namespace {
@@ -108,6 +132,7 @@ impl LocalArbiter {
                     table: OwnershipTable::new(partitions),
                     leader: None,
                     term: 0,
+                    modules: BTreeMap::new(),
                 });
             f(&mut state, now)
         };
@@ -336,6 +361,103 @@ impl Arbiter for LocalArbiter {
             }
             ns.table.reassign(changes);
             Ok(ns.table.clone())
+        })
+    }
+
+    fn put_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        module: NewModuleVersion,
+    ) -> ArbiterFuture<'a, ModuleVersionRecord> {
+        self.with(namespace, None, move |state, _| {
+            let entry = ns(state, namespace)
+                .modules
+                .entry(module.name.clone())
+                .or_default();
+            if let Some((record, _)) = entry.current.and_then(|c| entry.versions.get(&c))
+                && record.content_hash == module.content_hash
+                && record.options == module.options
+            {
+                return Ok(record.clone());
+            }
+            entry.last_version += 1;
+            let record = ModuleVersionRecord {
+                version: entry.last_version,
+                content_hash: module.content_hash,
+                size_bytes: module.bytes.len() as u64,
+                options: module.options,
+                deployed_by: module.deployed_by,
+                deployed_at: std::time::SystemTime::now(),
+            };
+            entry
+                .versions
+                .insert(record.version, (record.clone(), module.bytes));
+            entry.current = Some(record.version);
+            Ok(record)
+        })
+    }
+
+    fn modules<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<StoredModule>> {
+        self.with(namespace, None, move |state, _| {
+            Ok(ns(state, namespace)
+                .modules
+                .iter()
+                .filter_map(|(name, entry)| entry.stored(name))
+                .collect())
+        })
+    }
+
+    fn module_bytes<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, Option<bytes::Bytes>> {
+        self.with(namespace, None, move |state, _| {
+            Ok(ns(state, namespace)
+                .modules
+                .get(name)
+                .and_then(|e| e.versions.get(&version))
+                .map(|(_, bytes)| bytes.clone()))
+        })
+    }
+
+    fn set_current_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, StoredModule> {
+        self.with(namespace, None, move |state, _| {
+            let entry = ns(state, namespace)
+                .modules
+                .get_mut(name)
+                .filter(|e| e.current.is_some())
+                .ok_or_else(|| {
+                    ArbiterError::Refused(format!("no module named {name:?} is deployed"))
+                })?;
+            if !entry.versions.contains_key(&version) {
+                let known: Vec<String> = entry.versions.keys().map(u64::to_string).collect();
+                return Err(ArbiterError::Refused(format!(
+                    "module {name:?} has no version {version} (stored versions: {})",
+                    known.join(", ")
+                )));
+            }
+            entry.current = Some(version);
+            Ok(entry.stored(name).expect("current was just set"))
+        })
+    }
+
+    fn remove_module<'a>(&'a self, namespace: &'a str, name: &'a str) -> ArbiterFuture<'a, bool> {
+        self.with(namespace, None, move |state, _| {
+            Ok(match ns(state, namespace).modules.get_mut(name) {
+                Some(entry) if entry.current.is_some() => {
+                    entry.current = None;
+                    entry.versions.clear();
+                    true
+                }
+                _ => false,
+            })
         })
     }
 }

@@ -4,11 +4,15 @@
 //! expiry judged on the arbiter's own clock), the *ownership table*
 //! (partition → node, versioned by a strictly increasing epoch) and
 //! *leadership* (one leader at a time, with strictly increasing terms; the
-//! leader alone writes the table). Adapters: [`LocalArbiter`] (in-process,
-//! the embedded default). Every method is scoped to a namespace, so several
+//! leader alone writes the table). It also keeps the namespace's *module
+//! store* ([`StoredModule`]): every deployed module's versions, their bytes
+//! and which version is current, which every node follows. Adapters:
+//! [`LocalArbiter`] (in-process, the embedded default) and
+//! [`PostgresArbiter`]. Every method is scoped to a namespace, so several
 //! instances can share one arbiter.
 
 mod local;
+mod modules;
 mod postgres;
 
 use std::future::Future;
@@ -17,7 +21,10 @@ use std::time::Duration;
 
 use fief_core::{NodeId, OwnershipTable, PartitionId};
 
+/// The bytes of a stored component (cheap to clone).
+pub use bytes::Bytes;
 pub use local::LocalArbiter;
+pub use modules::{ANONYMOUS, ModuleVersionRecord, NewModuleVersion, StoredModule};
 pub use postgres::PostgresArbiter;
 
 /// A boxed future, so the trait stays object-safe.
@@ -138,4 +145,41 @@ pub trait Arbiter: Send + Sync + 'static {
         term: Term,
         changes: Vec<(PartitionId, Option<NodeId>)>,
     ) -> ArbiterFuture<'a, OwnershipTable>;
+
+    /// Module store: store `module` as the next version of its name and make
+    /// it current. If the current version already has the same content hash
+    /// and options, nothing is added and that version is returned (so every
+    /// node of a cluster may deploy the same module at start).
+    fn put_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        module: NewModuleVersion,
+    ) -> ArbiterFuture<'a, ModuleVersionRecord>;
+
+    /// Module store: every deployed module with its versions (no bytes),
+    /// sorted by name.
+    fn modules<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<StoredModule>>;
+
+    /// Module store: the bytes of one stored version, `None` if there is no
+    /// such module or version.
+    fn module_bytes<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, Option<bytes::Bytes>>;
+
+    /// Module store: make a stored `version` current (a rollback, or a roll
+    /// forward again). Refused if there is no such module or version.
+    fn set_current_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, StoredModule>;
+
+    /// Module store: remove a module and all its versions (an undeploy).
+    /// Returns whether it was deployed. Its version counter is kept, so a
+    /// later deploy of the name continues the numbering.
+    fn remove_module<'a>(&'a self, namespace: &'a str, name: &'a str) -> ArbiterFuture<'a, bool>;
 }

@@ -21,7 +21,11 @@ use fief_core::{Assignment, NodeId, OwnershipTable, OwnershipToken, PartitionCou
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
 
-use super::{Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, Term};
+use super::{
+    Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, ModuleVersionRecord, NewModuleVersion,
+    StoredModule, Term,
+};
+use crate::config::ModuleOptions;
 
 /// The migration: idempotent, run by every node at start.
 const MIGRATION: &str = r#"
@@ -53,6 +57,28 @@ CREATE TABLE IF NOT EXISTS fief_partitions (
 CREATE SEQUENCE IF NOT EXISTS fief_lease_ids;
 -- Added after 0.1.0's first schema; harmless when already there.
 ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS leaving boolean NOT NULL DEFAULT false;
+-- The module store: one row per module name (kept after an undeploy, so
+-- version numbers are never reused), one per stored version with its bytes.
+CREATE TABLE IF NOT EXISTS fief_modules (
+    namespace       text NOT NULL REFERENCES fief_namespaces (namespace),
+    name            text NOT NULL,
+    last_version    bigint NOT NULL,
+    current_version bigint,
+    PRIMARY KEY (namespace, name)
+);
+CREATE TABLE IF NOT EXISTS fief_module_versions (
+    namespace    text NOT NULL,
+    name         text NOT NULL,
+    version      bigint NOT NULL,
+    content_hash text NOT NULL,
+    size_bytes   bigint NOT NULL,
+    options      text NOT NULL,
+    deployed_by  text NOT NULL,
+    deployed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    bytes        bytea NOT NULL,
+    PRIMARY KEY (namespace, name, version),
+    FOREIGN KEY (namespace, name) REFERENCES fief_modules (namespace, name)
+);
 "#;
 
 /// Key of the advisory lock that serializes migrations.
@@ -234,6 +260,58 @@ impl PostgresArbiter {
             }
         }
         Ok(OwnershipTable::from_parts(partitions, epoch as u64, owners))
+    }
+
+    /// The stored modules of `namespace`, without bytes.
+    async fn read_modules(
+        client: &mut Client,
+        namespace: &str,
+    ) -> Result<Vec<StoredModule>, tokio_postgres::Error> {
+        let rows = client
+            .query(
+                "SELECT m.name, m.current_version, v.version, v.content_hash, v.size_bytes,
+                        v.options, v.deployed_by, v.deployed_at
+                 FROM fief_modules m JOIN fief_module_versions v USING (namespace, name)
+                 WHERE m.namespace = $1 AND m.current_version IS NOT NULL
+                 ORDER BY m.name, v.version",
+                &[&namespace],
+            )
+            .await?;
+        let mut modules: Vec<StoredModule> = Vec::new();
+        for row in rows {
+            let name: String = row.get(0);
+            let current: i64 = row.get(1);
+            let record = version_record(&row, 2);
+            match modules.last_mut() {
+                Some(m) if m.name == name => m.versions.push(record),
+                _ => modules.push(StoredModule {
+                    name,
+                    current: current as u64,
+                    versions: vec![record],
+                }),
+            }
+        }
+        Ok(modules)
+    }
+}
+
+/// A [`ModuleVersionRecord`] from the columns (version, content_hash,
+/// size_bytes, options, deployed_by, deployed_at) starting at `at`. Options
+/// that no longer parse (written by another release) read as the defaults,
+/// with a warning.
+fn version_record(row: &tokio_postgres::Row, at: usize) -> ModuleVersionRecord {
+    let options: String = row.get(at + 3);
+    let options = serde_json::from_str::<ModuleOptions>(&options).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "stored module options do not parse; using the defaults");
+        ModuleOptions::default()
+    });
+    ModuleVersionRecord {
+        version: row.get::<_, i64>(at) as u64,
+        content_hash: row.get(at + 1),
+        size_bytes: row.get::<_, i64>(at + 2) as u64,
+        options,
+        deployed_by: row.get(at + 4),
+        deployed_at: row.get(at + 5),
     }
 }
 
@@ -588,6 +666,178 @@ impl Arbiter for PostgresArbiter {
             })
             .await?
             .map_err(ArbiterError::Refused)
+        })
+    }
+
+    fn put_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        module: NewModuleVersion,
+    ) -> ArbiterFuture<'a, ModuleVersionRecord> {
+        Box::pin(async move {
+            let options = serde_json::to_string(&module.options)
+                .map_err(|e| ArbiterError::Refused(format!("module options: {e}")))?;
+            self.with(Conn::Table, async |c| {
+                let tx = c.transaction().await?;
+                // Lock the name's row (creating it), so two deploys of one
+                // name are numbered one after the other.
+                tx.execute(
+                    "INSERT INTO fief_modules (namespace, name, last_version) VALUES ($1, $2, 0)
+                     ON CONFLICT DO NOTHING",
+                    &[&namespace, &module.name],
+                )
+                .await?;
+                let current = tx
+                    .query_opt(
+                        "SELECT v.version, v.content_hash, v.size_bytes, v.options, v.deployed_by, v.deployed_at
+                         FROM fief_modules m JOIN fief_module_versions v
+                           ON v.namespace = m.namespace AND v.name = m.name AND v.version = m.current_version
+                         WHERE m.namespace = $1 AND m.name = $2 FOR UPDATE OF m",
+                        &[&namespace, &module.name],
+                    )
+                    .await?
+                    .map(|row| version_record(&row, 0));
+                if let Some(record) = current
+                    && record.content_hash == module.content_hash
+                    && record.options == module.options
+                {
+                    tx.commit().await?;
+                    return Ok(record);
+                }
+                let version: i64 = tx
+                    .query_one(
+                        "UPDATE fief_modules SET last_version = last_version + 1
+                         WHERE namespace = $1 AND name = $2 RETURNING last_version",
+                        &[&namespace, &module.name],
+                    )
+                    .await?
+                    .get(0);
+                let row = tx
+                    .query_one(
+                        "INSERT INTO fief_module_versions
+                            (namespace, name, version, content_hash, size_bytes, options, deployed_by, bytes)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                         RETURNING version, content_hash, size_bytes, options, deployed_by, deployed_at",
+                        &[
+                            &namespace,
+                            &module.name,
+                            &version,
+                            &module.content_hash,
+                            &(module.bytes.len() as i64),
+                            &options,
+                            &module.deployed_by,
+                            &&module.bytes[..],
+                        ],
+                    )
+                    .await?;
+                tx.execute(
+                    "UPDATE fief_modules SET current_version = $3 WHERE namespace = $1 AND name = $2",
+                    &[&namespace, &module.name, &version],
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(version_record(&row, 0))
+            })
+            .await
+        })
+    }
+
+    fn modules<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<StoredModule>> {
+        Box::pin(async move {
+            self.with(Conn::Table, async |c| {
+                Self::read_modules(c, namespace).await
+            })
+            .await
+        })
+    }
+
+    fn module_bytes<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, Option<bytes::Bytes>> {
+        Box::pin(async move {
+            let row = self
+                .with(Conn::Table, async |c| {
+                    c.query_opt(
+                        "SELECT v.bytes FROM fief_module_versions v JOIN fief_modules m USING (namespace, name)
+                         WHERE v.namespace = $1 AND v.name = $2 AND v.version = $3
+                         AND m.current_version IS NOT NULL",
+                        &[&namespace, &name, &(version as i64)],
+                    )
+                    .await
+                })
+                .await?;
+            Ok(row.map(|row| bytes::Bytes::from(row.get::<_, Vec<u8>>(0))))
+        })
+    }
+
+    fn set_current_module<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        version: u64,
+    ) -> ArbiterFuture<'a, StoredModule> {
+        Box::pin(async move {
+            let updated = self
+                .with(Conn::Table, async |c| {
+                    c.execute(
+                        "UPDATE fief_modules m SET current_version = $3
+                         WHERE m.namespace = $1 AND m.name = $2 AND m.current_version IS NOT NULL
+                         AND EXISTS (SELECT 1 FROM fief_module_versions v WHERE v.namespace = $1
+                                     AND v.name = $2 AND v.version = $3)",
+                        &[&namespace, &name, &(version as i64)],
+                    )
+                    .await
+                })
+                .await?;
+            let modules = self
+                .with(Conn::Table, async |c| {
+                    Self::read_modules(c, namespace).await
+                })
+                .await?;
+            let module = modules.into_iter().find(|m| m.name == name);
+            match (updated, module) {
+                (1, Some(module)) => Ok(module),
+                (_, None) => Err(ArbiterError::Refused(format!(
+                    "no module named {name:?} is deployed"
+                ))),
+                (_, Some(module)) => {
+                    let known: Vec<String> = module
+                        .versions
+                        .iter()
+                        .map(|v| v.version.to_string())
+                        .collect();
+                    Err(ArbiterError::Refused(format!(
+                        "module {name:?} has no version {version} (stored versions: {})",
+                        known.join(", ")
+                    )))
+                }
+            }
+        })
+    }
+
+    fn remove_module<'a>(&'a self, namespace: &'a str, name: &'a str) -> ArbiterFuture<'a, bool> {
+        Box::pin(async move {
+            self.with(Conn::Table, async |c| {
+                let tx = c.transaction().await?;
+                let removed = tx
+                    .execute(
+                        "UPDATE fief_modules SET current_version = NULL
+                         WHERE namespace = $1 AND name = $2 AND current_version IS NOT NULL",
+                        &[&namespace, &name],
+                    )
+                    .await?;
+                tx.execute(
+                    "DELETE FROM fief_module_versions WHERE namespace = $1 AND name = $2",
+                    &[&namespace, &name],
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(removed == 1)
+            })
+            .await
         })
     }
 }

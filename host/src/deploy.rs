@@ -1,0 +1,596 @@
+//! Cluster-wide deploys: every node follows the arbiter's module store.
+//!
+//! A deploy on any node is validated and compiled there first (nothing is
+//! stored if it fails), then stored in the arbiter as the module's next
+//! version, which becomes current; the node that took the deploy installs it
+//! before answering. Every node runs a *module follower*: on every renewal
+//! interval (and at once when a peer nudges it after a change) it reads the
+//! store's listing and makes its installed modules match: it loads each
+//! current version it does not have (bytes from the store, compiled code
+//! from the [compile cache](crate::compile_cache) when there), and unloads
+//! the modules that are gone, stopping their keys (`terminate(undeployed)`,
+//! then a kill for what does not stop in time). A node loads the whole store
+//! before it joins its cluster, so a restarted node never owns a partition
+//! without its modules.
+//!
+//! Versions: new activations use the current version; a live key keeps the
+//! version it was activated with until its process ends (idle timeout, a
+//! move, a kill), and its next activation uses the current one. A rollback
+//! makes an older stored version current again, with the same rule.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::arbiter::{ANONYMOUS, ArbiterError, ModuleVersionRecord, NewModuleVersion};
+use crate::bindings::types::StopReason;
+use crate::config::{ModuleOptions, validate_module_name};
+use crate::error::{Error, Result};
+use crate::key::{ModuleSlot, lock};
+use crate::module::{CompiledModule, compile};
+use crate::node::{Instance, ModuleInfo, NodeShared, module_info};
+use crate::transport::PeerRequest;
+
+/// How long one module store operation may take (a listing, or moving a
+/// large component's bytes).
+const STORE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the keys of an undeployed module get to stop gracefully before
+/// they are killed.
+const UNDEPLOY_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a node waits for each peer's answer when it lists which versions
+/// the cluster's nodes have loaded.
+const PEER_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A node's deploy bookkeeping.
+#[derive(Default)]
+pub(crate) struct Deploys {
+    /// Serializes this node's changes to its installed modules (the
+    /// follower's rounds, deploys, rollbacks, undeploys).
+    install: tokio::sync::Mutex<()>,
+    /// Wakes the follower for a round now.
+    wake: Notify,
+    /// Current versions this node could not load, as (version, content
+    /// hash) with the error: not retried until the store's current version
+    /// of that module changes.
+    failed: std::sync::Mutex<HashMap<String, (u64, String)>>,
+    /// Modules given to the builder that could not be stored because the
+    /// arbiter was unreachable at start: installed here, stored by the
+    /// follower as soon as it can, and never unloaded meanwhile.
+    unstored: std::sync::Mutex<Vec<NewModuleVersion>>,
+}
+
+impl Deploys {
+    /// Ask the follower for a round now (a peer changed the store).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// One module of the cluster, as `GET /v1/modules` and `fief modules` show
+/// it: the store's versions and which version each node has loaded.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModuleListing {
+    /// The module name.
+    pub name: String,
+    /// The version new activations use.
+    pub current: u64,
+    /// Every stored version, oldest first.
+    pub versions: Vec<ModuleVersionRecord>,
+    /// The version each node has loaded (node id → version), for this node
+    /// and every live peer that answered.
+    pub loaded_on: BTreeMap<String, u64>,
+    /// Live nodes of the namespace, as this node last heard from the
+    /// arbiter (at least 1: this node).
+    pub nodes: usize,
+    /// Live keys of the module on this node.
+    pub live_keys: usize,
+}
+
+/// What a node has loaded, as one peer tells another: (module, version).
+#[derive(Serialize, Deserialize)]
+struct Loaded(Vec<(String, u64)>);
+
+/// Check a module name as the store keeps it: a plain name, or a tenant's
+/// `tenant/name` (the API layer qualifies a tenant's names), each part a
+/// plain name.
+fn validate_stored_name(name: &str) -> Result<()> {
+    match name.split_once('/') {
+        None => validate_module_name(name),
+        Some((tenant, local)) => validate_module_name(tenant)
+            .and_then(|()| validate_module_name(local))
+            .map_err(|_| Error::InvalidModuleName {
+                name: name.to_owned(),
+                why: "a tenant's module is `tenant/name`, each part a plain module name".to_owned(),
+            }),
+    }
+}
+
+fn store_error(e: ArbiterError) -> Error {
+    Error::ModuleStore(e.to_string())
+}
+
+async fn bounded<T>(f: crate::arbiter::ArbiterFuture<'_, T>) -> Result<T> {
+    tokio::time::timeout(STORE_TIMEOUT, f)
+        .await
+        .map_err(|_| {
+            Error::ModuleStore(format!(
+                "the arbiter did not answer within {STORE_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(store_error)
+}
+
+impl NodeShared {
+    /// Validate and compile `wasm`, store it as the next version of `name`
+    /// (see [`Instance::deploy_as`]), install it here and tell the peers.
+    pub(crate) async fn deploy_module(
+        self: &Arc<Self>,
+        name: &str,
+        wasm: Bytes,
+        options: ModuleOptions,
+        deployed_by: &str,
+    ) -> Result<ModuleInfo> {
+        validate_stored_name(name)?;
+        options.validate_for(&self.config, &self.config.lease_timing()?)?;
+        let mut compiled = self
+            .compile_off_thread(wasm.clone(), options.clone(), 0)
+            .await?;
+        let guard = self.deploys.install.lock().await;
+        let record = bounded(self.arbiter.put_module(
+            &self.config.namespace,
+            NewModuleVersion {
+                name: name.to_owned(),
+                bytes: wasm,
+                content_hash: compiled.content_hash.clone(),
+                options,
+                deployed_by: deployed_by.to_owned(),
+            },
+        ))
+        .await?;
+        compiled.version = record.version;
+        compiled.deployed_at = record.deployed_at;
+        tracing::info!(
+            module = name,
+            version = record.version,
+            bytes = compiled.size_bytes,
+            compile_ms = compiled.compile_time.as_millis(),
+            cached = compiled.compile_cached,
+            deployed_by,
+            "module deployed"
+        );
+        lock(&self.deploys.failed).remove(name);
+        let info = self.install(name, compiled);
+        drop(guard);
+        self.nudge_peers().await;
+        Ok(info)
+    }
+
+    /// Deploy a module given to the builder: as [`NodeShared::deploy_module`],
+    /// except that an unreachable arbiter does not fail the start: the
+    /// module is installed here (as version 0) and stored by the follower
+    /// once the arbiter answers.
+    pub(crate) async fn deploy_at_start(
+        self: &Arc<Self>,
+        name: &str,
+        wasm: Bytes,
+        options: ModuleOptions,
+    ) -> Result<()> {
+        match self
+            .deploy_module(name, wasm.clone(), options.clone(), ANONYMOUS)
+            .await
+        {
+            Err(Error::ModuleStore(why)) => {
+                tracing::warn!(node = %self.node_id, module = name, error = %why, "cannot store a module at start; serving it here and storing it when the arbiter answers");
+                let compiled = self
+                    .compile_off_thread(wasm.clone(), options.clone(), 0)
+                    .await?;
+                lock(&self.deploys.unstored).push(NewModuleVersion {
+                    name: name.to_owned(),
+                    bytes: wasm,
+                    content_hash: compiled.content_hash.clone(),
+                    options,
+                    deployed_by: ANONYMOUS.to_owned(),
+                });
+                self.install(name, compiled);
+                Ok(())
+            }
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// Validate and compile on a blocking thread.
+    async fn compile_off_thread(
+        self: &Arc<Self>,
+        wasm: Bytes,
+        options: ModuleOptions,
+        version: u64,
+    ) -> Result<CompiledModule> {
+        let shared = self.clone();
+        tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
+            .await
+            .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))?
+    }
+
+    /// Make `compiled` the version of `name` new activations use here.
+    fn install(&self, name: &str, compiled: CompiledModule) -> ModuleInfo {
+        let existing = self.module(name).ok();
+        let slot = match existing {
+            Some(slot) => {
+                slot.replace(compiled);
+                slot
+            }
+            None => {
+                let slot = Arc::new(ModuleSlot::new(name, compiled));
+                self.modules
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(name.to_owned(), slot.clone());
+                slot
+            }
+        };
+        module_info(&slot)
+    }
+
+    /// One round of the module follower: make the installed modules match
+    /// the store. Errors loading one module are logged and remembered; an
+    /// error reading the store is returned.
+    pub(crate) async fn sync_modules(self: &Arc<Self>) -> Result<()> {
+        let ns = &self.config.namespace;
+        let unstored = std::mem::take(&mut *lock(&self.deploys.unstored));
+        for (i, module) in unstored.iter().enumerate() {
+            if let Err(e) = bounded(self.arbiter.put_module(ns, module.clone())).await {
+                lock(&self.deploys.unstored).extend(unstored[i..].iter().cloned());
+                return Err(e);
+            }
+        }
+        let stored = bounded(self.arbiter.modules(ns)).await?;
+        let _guard = self.deploys.install.lock().await;
+        for module in &stored {
+            let Some(record) = module.current_record() else {
+                continue;
+            };
+            let installed = self.module(&module.name).ok().map(|slot| slot.current());
+            if installed.is_some_and(|c| {
+                c.version == record.version && c.content_hash == record.content_hash
+            }) {
+                continue;
+            }
+            let wanted = (record.version, record.content_hash.clone());
+            if lock(&self.deploys.failed)
+                .get(&module.name)
+                .is_some_and(|failed| *failed == wanted)
+            {
+                continue;
+            }
+            match self.load(&module.name, record).await {
+                Ok(info) => {
+                    lock(&self.deploys.failed).remove(&module.name);
+                    tracing::info!(
+                        node = %self.node_id,
+                        module = %module.name,
+                        version = info.version,
+                        compile_ms = info.compile_ms,
+                        cached = info.compile_cached,
+                        "module loaded from the store"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        node = %self.node_id,
+                        module = %module.name,
+                        version = record.version,
+                        error = %e,
+                        "cannot load a stored module version; keeping what is installed"
+                    );
+                    lock(&self.deploys.failed).insert(module.name.clone(), wanted);
+                }
+            }
+        }
+        let names: HashSet<&str> = stored.iter().map(|m| m.name.as_str()).collect();
+        let gone: Vec<Arc<ModuleSlot>> = self
+            .slots()
+            .into_iter()
+            .filter(|slot| !names.contains(&*slot.name))
+            .collect();
+        for slot in gone {
+            self.unload(&slot).await;
+        }
+        Ok(())
+    }
+
+    /// Load one stored version: its bytes from the store, compiled (or taken
+    /// from the compile cache), checked against its content hash.
+    async fn load(
+        self: &Arc<Self>,
+        name: &str,
+        record: &ModuleVersionRecord,
+    ) -> Result<ModuleInfo> {
+        let ns = &self.config.namespace;
+        let bytes = bounded(self.arbiter.module_bytes(ns, name, record.version))
+            .await?
+            .ok_or_else(|| {
+                Error::ModuleStore(format!(
+                    "version {} of module {name:?} has no bytes in the store",
+                    record.version
+                ))
+            })?;
+        let mut compiled = self
+            .compile_off_thread(bytes, record.options.clone(), record.version)
+            .await?;
+        if compiled.content_hash != record.content_hash {
+            return Err(Error::ModuleStore(format!(
+                "version {} of module {name:?} has content hash {} in the store, but its bytes hash to {}",
+                record.version, record.content_hash, compiled.content_hash
+            )));
+        }
+        compiled.deployed_at = record.deployed_at;
+        Ok(self.install(name, compiled))
+    }
+
+    /// Unload a module that left the store: no new activations from now on;
+    /// its keys stop (`terminate(undeployed)`), and what has not stopped
+    /// within [`UNDEPLOY_GRACE`] is killed.
+    async fn unload(&self, slot: &Arc<ModuleSlot>) {
+        self.modules
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&*slot.name);
+        let stops: Vec<_> = slot
+            .live_key_names()
+            .iter()
+            .filter_map(|key| slot.stop(key, StopReason::Undeployed))
+            .collect();
+        let keys = stops.len();
+        let graceful = async {
+            for rx in stops {
+                let _ = rx.await;
+            }
+        };
+        let _ = tokio::time::timeout(UNDEPLOY_GRACE, graceful).await;
+        // Also catches a key activated by a message routed just before the
+        // module left the table.
+        let killed = slot.kill_where("the module was undeployed", |_| true);
+        if killed > 0 {
+            self.runtime.engine.increment_epoch();
+        }
+        lock(&self.deploys.failed).remove(&*slot.name);
+        tracing::info!(node = %self.node_id, module = %slot.name, keys, killed, "module undeployed");
+    }
+
+    /// Tell every live peer to run its module follower now.
+    async fn nudge_peers(&self) {
+        let addrs = self.peer_addrs();
+        let requests = addrs.iter().map(|addr| {
+            self.peers
+                .request(addr, PeerRequest::Nudge, PEER_QUERY_TIMEOUT)
+        });
+        for (addr, outcome) in addrs
+            .iter()
+            .zip(futures_util::future::join_all(requests).await)
+        {
+            if let Err(e) = outcome {
+                tracing::debug!(peer = %addr, error = %e, "nudging a peer after a module change failed");
+            }
+        }
+    }
+
+    /// The peer addresses of the other live nodes.
+    fn peer_addrs(&self) -> Vec<String> {
+        self.members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter(|m| m.node != self.node_id)
+            .filter_map(|m| m.peer_addr.clone())
+            .collect()
+    }
+
+    /// The versions installed here, encoded for a peer.
+    pub(crate) fn loaded_modules(&self) -> Vec<u8> {
+        let loaded = Loaded(
+            self.slots()
+                .iter()
+                .map(|slot| (slot.name.to_string(), slot.current().version))
+                .collect(),
+        );
+        postcard::to_allocvec(&loaded).unwrap_or_default()
+    }
+
+    /// The versions every live node has loaded: node id → module → version.
+    async fn loaded_everywhere(&self) -> BTreeMap<String, HashMap<String, u64>> {
+        let mut everywhere = BTreeMap::new();
+        let mine = self
+            .slots()
+            .iter()
+            .map(|slot| (slot.name.to_string(), slot.current().version))
+            .collect();
+        everywhere.insert(self.node_id.to_string(), mine);
+        let peers: Vec<(String, String)> = self
+            .members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter(|m| m.node != self.node_id)
+            .filter_map(|m| Some((m.node.to_string(), m.peer_addr.clone()?)))
+            .collect();
+        let requests = peers.iter().map(|(_, addr)| {
+            self.peers
+                .request(addr, PeerRequest::LoadedModules, PEER_QUERY_TIMEOUT)
+        });
+        for ((node, _), answer) in peers
+            .iter()
+            .zip(futures_util::future::join_all(requests).await)
+        {
+            match answer.map(|bytes| postcard::from_bytes::<Loaded>(&bytes)) {
+                Ok(Ok(Loaded(loaded))) => {
+                    everywhere.insert(node.clone(), loaded.into_iter().collect());
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(%node, error = %e, "a peer's module list does not decode")
+                }
+                Err(e) => tracing::debug!(%node, error = %e, "a peer did not list its modules"),
+            }
+        }
+        everywhere
+    }
+}
+
+impl Instance {
+    /// Deploy a module to the cluster as `deployed_by` (a tenant or admin
+    /// identity; [`Instance::deploy`] uses `"anonymous"`).
+    ///
+    /// The component is validated and compiled on this node first; nothing
+    /// is stored if that fails. It is then stored in the arbiter as the
+    /// module's next version (numbered from 1 per name) and becomes current;
+    /// this node installs it before returning, and every other node loads it
+    /// within a renewal interval (at once if it hears this node's nudge).
+    /// New activations use the new version; live keys finish on theirs.
+    /// Deploying the current version's bytes and options again stores
+    /// nothing and returns that version.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidModuleName`], [`Error::InvalidOptions`] or
+    /// [`Error::InvalidModule`] saying what is wrong (nothing is stored), or
+    /// [`Error::ModuleStore`] if the arbiter cannot store it.
+    pub async fn deploy_as(
+        &self,
+        name: &str,
+        wasm: impl Into<Bytes>,
+        options: ModuleOptions,
+        deployed_by: &str,
+    ) -> Result<ModuleInfo> {
+        self.shared
+            .deploy_module(name, wasm.into(), options, deployed_by)
+            .await
+    }
+
+    /// The cluster's modules: the store's versions of each, which one is
+    /// current, and which version each live node has loaded.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ModuleStore`] if the arbiter cannot be read.
+    pub async fn modules(&self) -> Result<Vec<ModuleListing>> {
+        let shared = &self.shared;
+        let stored = bounded(shared.arbiter.modules(&shared.config.namespace)).await?;
+        let everywhere = shared.loaded_everywhere().await;
+        let nodes = shared
+            .members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+            .max(1);
+        Ok(stored
+            .into_iter()
+            .map(|m| ModuleListing {
+                loaded_on: everywhere
+                    .iter()
+                    .filter_map(|(node, loaded)| Some((node.clone(), *loaded.get(&m.name)?)))
+                    .collect(),
+                live_keys: shared.module(&m.name).map_or(0, |slot| slot.live_keys()),
+                nodes,
+                name: m.name,
+                current: m.current,
+                versions: m.versions,
+            })
+            .collect())
+    }
+
+    /// Make a stored `version` of `module` current again, for the whole
+    /// cluster: new activations use it, live keys finish on theirs. This
+    /// node loads it before returning; the others follow.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownModule`] or [`Error::UnknownModuleVersion`], or
+    /// [`Error::ModuleStore`].
+    pub async fn rollback(&self, module: &str, version: u64) -> Result<ModuleInfo> {
+        let shared = &self.shared;
+        let ns = &shared.config.namespace;
+        let stored = bounded(shared.arbiter.modules(ns)).await?;
+        let found = stored
+            .iter()
+            .find(|m| m.name == module)
+            .ok_or_else(|| Error::UnknownModule(module.to_owned()))?;
+        if !found.versions.iter().any(|v| v.version == version) {
+            return Err(Error::UnknownModuleVersion {
+                module: module.to_owned(),
+                version,
+                stored: found
+                    .versions
+                    .iter()
+                    .map(|v| v.version.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        bounded(shared.arbiter.set_current_module(ns, module, version)).await?;
+        shared.sync_modules().await?;
+        shared.nudge_peers().await;
+        let slot = shared.module(module)?;
+        if slot.current().version != version {
+            return Err(Error::ModuleStore(format!(
+                "version {version} of {module:?} is current in the store, but this node could not load it (see its log)"
+            )));
+        }
+        Ok(module_info(&slot))
+    }
+
+    /// Undeploy `module` from the whole cluster: remove it and all its
+    /// versions from the store, stop its keys here (`terminate(undeployed)`;
+    /// killed if they do not stop within two seconds), and have every other
+    /// node do the same. Later calls to it fail with `unknown_module`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownModule`] if it is not deployed, or
+    /// [`Error::ModuleStore`].
+    pub async fn undeploy(&self, module: &str) -> Result<()> {
+        let shared = &self.shared;
+        let removed = bounded(
+            shared
+                .arbiter
+                .remove_module(&shared.config.namespace, module),
+        )
+        .await?;
+        shared.sync_modules().await?;
+        shared.nudge_peers().await;
+        if removed {
+            Ok(())
+        } else {
+            Err(Error::UnknownModule(module.to_owned()))
+        }
+    }
+
+    /// Run a module follower round now (instead of waiting for the next
+    /// renewal interval): load what the store has and this node lacks,
+    /// unload what it no longer has.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ModuleStore`] if the arbiter cannot be read.
+    pub async fn sync_modules(&self) -> Result<()> {
+        self.shared.sync_modules().await
+    }
+}
+
+/// The module follower: a round every renewal interval, or at once when
+/// woken. Runs beside the coordination loop and ends with it.
+pub(crate) async fn follow_modules(shared: Arc<NodeShared>) {
+    loop {
+        if let Err(e) = shared.sync_modules().await {
+            tracing::debug!(node = %shared.node_id, error = %e, "module follower: cannot read the store");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(shared.config.renew_interval) => {}
+            () = shared.deploys.wake.notified() => {}
+        }
+    }
+}
