@@ -385,13 +385,20 @@ fn holds(expect: Expect, current: Option<u64>) -> bool {
 }
 
 /// Check a cache namespace: 1 to 128 bytes of ASCII letters, digits, `-`,
-/// `_` and `.`.
+/// `_` and `.`; a tenant's namespaces are stored as `tenant/namespace`
+/// ([`crate::auth`]), each part so.
 pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
-    let ok = !namespace.is_empty()
-        && namespace.len() <= MAX_CACHE_NAMESPACE_BYTES
-        && namespace
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    let part_ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= MAX_CACHE_NAMESPACE_BYTES
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    let ok = match namespace.split_once('/') {
+        None => part_ok(namespace),
+        Some((tenant, rest)) => part_ok(tenant) && part_ok(rest),
+    };
     if ok {
         Ok(())
     } else {
@@ -754,7 +761,8 @@ mod tests {
     #[test]
     fn namespaces_are_checked() {
         assert!(validate_namespace("sessions.v1").is_ok());
-        for bad in ["", "a/b", "white space", &"x".repeat(129)] {
+        assert!(validate_namespace("tenant/sessions").is_ok());
+        for bad in ["", "a/b/c", "/b", "white space", &"x".repeat(129)] {
             let err = validate_namespace(bad).unwrap_err().to_string();
             assert!(err.contains("cache namespace"), "{err}");
         }

@@ -84,6 +84,14 @@ pub struct NodeConfig {
     /// Bound on the coherent cache's entries this node holds (values, names
     /// and bookkeeping); least recently used entries are evicted beyond it.
     pub cache_max_bytes: ByteSize,
+    /// A file holding the cluster secret (16 bytes or more, surrounding
+    /// whitespace ignored): peers prove they know it before any request is
+    /// served (see [`crate::transport`]). Every node of a cluster uses the
+    /// same; `None`: peer links are not authenticated.
+    pub cluster_secret_file: Option<PathBuf>,
+    /// TLS for peer links (certificate, key, and the CA that signed every
+    /// node's certificate); `None`: plain TCP. See [`crate::tls::PeerTls`].
+    pub peer_tls: Option<crate::tls::PeerTls>,
 }
 
 impl Default for NodeConfig {
@@ -108,6 +116,8 @@ impl Default for NodeConfig {
             call_timeout: Duration::from_secs(5),
             compile_cache: None,
             cache_max_bytes: ByteSize::mib(64),
+            cluster_secret_file: None,
+            peer_tls: None,
         }
     }
 }
@@ -420,6 +430,28 @@ pub fn validate_module_name(name: &str) -> Result<()> {
     }
 }
 
+/// Check a stored module name: a plain name (see [`validate_module_name`])
+/// or a tenant's `tenant/name`, both parts plain names
+/// ([`crate::auth`]).
+///
+/// # Errors
+///
+/// [`Error::InvalidModuleName`] saying what is wrong.
+pub fn validate_qualified_module_name(name: &str) -> Result<()> {
+    match name.split_once('/') {
+        None => validate_module_name(name),
+        Some((tenant, local)) => {
+            if validate_module_name(tenant).is_err() || validate_module_name(local).is_err() {
+                return Err(Error::InvalidModuleName {
+                    name: name.to_owned(),
+                    why: "a tenant's module is `tenant/name`, each part 1 to 128 letters, digits, '_', '-' or '.'".to_owned(),
+                });
+            }
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,5 +500,8 @@ mod tests {
         assert!(validate_key("alice").is_ok());
         assert!(validate_module_name("counter").is_ok());
         assert!(validate_module_name("a/b").is_err());
+        assert!(validate_qualified_module_name("a/b").is_ok());
+        assert!(validate_qualified_module_name("a/b/c").is_err());
+        assert!(validate_qualified_module_name("/b").is_err());
     }
 }

@@ -176,6 +176,14 @@ pub enum Error {
         "the module store is unavailable: {0}; nothing was changed, retry when the arbiter is reachable"
     )]
     ModuleStore(String),
+    /// The API request carries no valid token, and the node requires one
+    /// ([`crate::auth`]).
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// The caller's token does not allow this operation (a tenant asking
+    /// for a cluster operation).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// Something that should not happen; a bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -212,6 +220,8 @@ impl Error {
             Error::CacheEntryTooLarge { .. } => "cache_entry_too_large",
             Error::UnknownModuleVersion { .. } => "unknown_module_version",
             Error::ModuleStore(_) => "module_store_unavailable",
+            Error::Unauthorized(_) => "unauthorized",
+            Error::Forbidden(_) => "forbidden",
             Error::Internal(_) => "internal",
         }
     }
@@ -241,6 +251,8 @@ impl Error {
             | Error::ModuleStore(_) => 503,
             Error::Remote { status, .. } => *status,
             Error::Timeout(_) => 504,
+            Error::Unauthorized(_) => 401,
+            Error::Forbidden(_) => 403,
         }
     }
 }

@@ -6,9 +6,14 @@
 //! import that causes a side effect checks the fence first"). Expected
 //! failures — a full mailbox, an unknown module, a limit — are WIT `result`s
 //! the guest can handle; traps are reserved for refusals and kills.
+//!
+//! A tenant's key lives inside its tenant ([`crate::auth`]): the modules
+//! it calls and casts to, its topics and its cache namespaces are resolved
+//! as `tenant/name`, so it can neither reach nor overhear another tenant.
 
 use std::time::Duration;
 
+use crate::auth::{guest_module, guest_scoped};
 use crate::bindings::host::Host;
 use crate::bindings::types::{self, CacheError, CallError, EffectError, LogLevel};
 use crate::cache::{CacheOp, CacheOutcome, Expect, unexpected_outcome};
@@ -78,6 +83,7 @@ impl Host for KeyCtx {
         if let Err(e) = Self::check_topic(&topic) {
             return Ok(Err(e));
         }
+        let topic = guest_scoped(&self.env.module, &topic);
         if self.subscriptions.contains(&topic) {
             return Ok(Ok(()));
         }
@@ -99,6 +105,7 @@ impl Host for KeyCtx {
     }
 
     fn unsubscribe(&mut self, topic: String) -> wasmtime::Result<()> {
+        let topic = guest_scoped(&self.env.module, &topic);
         if self.subscriptions.remove(&topic)
             && let Some(node) = self.env.node.upgrade()
         {
@@ -117,6 +124,7 @@ impl Host for KeyCtx {
         if let Err(e) = Self::check_topic(&topic) {
             return Ok(Err(e));
         }
+        let topic = guest_scoped(&self.env.module, &topic);
         let limit = node.config.max_message_size.as_u64() as usize;
         if payload.len() > limit {
             return Ok(Err(EffectError::Invalid(format!(
@@ -135,6 +143,10 @@ impl Host for KeyCtx {
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
         let node = self.gate()?;
+        let module = match guest_module(&self.env.module, &module) {
+            Ok(module) => module,
+            Err(e) => return Ok(Err(call_error(e))),
+        };
         if module == *self.env.module && key == *self.env.key {
             return Ok(Err(CallError::Deadlock));
         }
@@ -154,7 +166,8 @@ impl Host for KeyCtx {
         message: Vec<u8>,
     ) -> wasmtime::Result<Result<(), EffectError>> {
         let node = self.gate()?;
-        Ok(node.cast(&module, &key, message).map_err(|e| match e {
+        let module = guest_module(&self.env.module, &module);
+        Ok(module.and_then(|module| node.cast(&module, &key, message)).map_err(|e| match e {
             Error::UnknownModule(m) => EffectError::UnknownModule(m),
             Error::Overloaded { .. } | Error::TooManyKeys { .. } => EffectError::Overloaded,
             other => EffectError::Invalid(other.to_string()),
@@ -167,6 +180,7 @@ impl Host for KeyCtx {
         key: String,
     ) -> wasmtime::Result<Result<Option<types::CacheEntry>, CacheError>> {
         let node = self.gate()?;
+        let namespace = guest_scoped(&self.env.module, &namespace);
         let op = CacheOp::Get { namespace, key };
         let outcome = node.cache_op(op).await;
         self.gate()?;
@@ -194,7 +208,7 @@ impl Host for KeyCtx {
             return Ok(Err(cache_error(e)));
         }
         let op = CacheOp::Put {
-            namespace,
+            namespace: guest_scoped(&self.env.module, &namespace),
             key,
             value,
             ttl_ms: ttl_ms.map(|ms| ms.max(1)),
@@ -219,7 +233,7 @@ impl Host for KeyCtx {
     ) -> wasmtime::Result<Result<bool, CacheError>> {
         let node = self.gate()?;
         let op = CacheOp::Delete {
-            namespace,
+            namespace: guest_scoped(&self.env.module, &namespace),
             key,
             expect: expectation(expected_version),
         };

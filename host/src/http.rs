@@ -16,6 +16,12 @@
 //! | `PUT /v1/cache/{namespace}/{key}?ttl=10s` | write (raw body); `If-Match` / `If-None-Match: *` for compare-and-set (`412` on conflict) |
 //! | `DELETE /v1/cache/{namespace}/{key}` | delete (`If-Match` honoured) |
 //!
+//! With tokens configured ([`crate::auth`]), every request needs
+//! `Authorization: Bearer TOKEN` (`401 unauthorized` otherwise); a tenant's
+//! module, key and cache names are scoped to the tenant, another tenant's
+//! module answers `404`, and `leave` needs an admin token (`403`). The
+//! caller's [`Identity`] is in each request's extensions.
+//!
 //! Every error is JSON `{"error":{"code":"…","message":"…"}}` with the status
 //! of [`Error::http_status`]. Bodies are read with a limit (the node's
 //! `max_message_size` for messages, [`MAX_MODULE_BYTES`](crate::module::MAX_MODULE_BYTES) for modules), so a
@@ -26,12 +32,13 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde_json::json;
 
+use crate::auth::{Auth, Identity};
 use crate::cache::{Expect, PutOptions};
 use crate::config::ModuleOptions;
 use crate::error::Error;
@@ -46,8 +53,23 @@ impl IntoResponse for Error {
     }
 }
 
-/// The API's routes over `instance`.
+/// The API's routes over `instance`, open to every caller (no tokens).
 pub fn router(instance: Arc<Instance>) -> Router {
+    router_with(instance, Arc::new(Auth::open()))
+}
+
+/// How the API is served: who may call it, and over TLS or not.
+#[derive(Clone, Debug, Default)]
+pub struct ApiOptions {
+    /// The accepted tokens ([`Auth::open`]: none needed).
+    pub auth: Arc<Auth>,
+    /// Serve HTTPS with this configuration ([`crate::tls::server_config`]);
+    /// `None`: plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// The API's routes over `instance`, each request authenticated by `auth`.
+pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
     Router::new()
         .route("/v1/modules", get(crate::http_modules::list))
         .route(
@@ -80,6 +102,10 @@ pub fn router(instance: Arc<Instance>) -> Router {
             |uri: axum::http::Uri| async move { Error::NoSuchEndpoint(uri.path().to_owned()) },
         )
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::auth::authenticate,
+        ))
         .with_state(instance)
 }
 
@@ -93,9 +119,34 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(instance))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(instance, listener, ApiOptions::default(), shutdown).await
+}
+
+/// Serve the API on `listener` with `options` (tokens, TLS) until
+/// `shutdown` resolves.
+///
+/// # Errors
+///
+/// An I/O error from the listener.
+pub async fn serve_with(
+    instance: Arc<Instance>,
+    listener: tokio::net::TcpListener,
+    options: ApiOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router_with(instance, options.auth);
+    match options.tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(config) => {
+            axum::serve(crate::tls::TlsListener::new(listener, config)?, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
 }
 
 /// Read a body of at most `limit` bytes.
@@ -144,6 +195,7 @@ fn path_pair(
 
 async fn deploy(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     name: Result<Path<String>, PathRejection>,
     options: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
@@ -155,20 +207,23 @@ async fn deploy(
         name: String::new(),
         why: format!("the module name in the path must be valid percent-encoded UTF-8: {e}"),
     })?;
+    let name = who.module(&name)?;
     let options = ModuleOptions::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let wasm = crate::http_modules::read_module_body(&headers, body).await?;
     let info = instance
-        .deploy_as(&name, wasm, options, crate::arbiter::ANONYMOUS)
+        .deploy_as(&name, wasm, options, &who.label())
         .await?;
     Ok(axum::Json(info))
 }
 
 async fn call(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
     let (module, key) = key_path(path)?;
+    let module = who.module(&module)?;
     let limit = instance.config().max_message_size.as_u64() as usize;
     let message = read_body(body, limit).await?;
     let reply = instance.call(&module, &key, message.to_vec()).await?;
@@ -177,10 +232,12 @@ async fn call(
 
 async fn cast(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
     let (module, key) = key_path(path)?;
+    let module = who.module(&module)?;
     let limit = instance.config().max_message_size.as_u64() as usize;
     let message = read_body(body, limit).await?;
     instance.cast(&module, &key, message.to_vec())?;
@@ -189,18 +246,33 @@ async fn cast(
 
 async fn kill(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<impl IntoResponse, Error> {
     let (module, key) = key_path(path)?;
+    let module = who.module(&module)?;
     let killed = instance.kill_key(&module, &key);
     Ok(axum::Json(json!({"killed": killed})))
 }
 
-async fn keys(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
-    axum::Json(instance.keys())
+async fn keys(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+) -> impl IntoResponse {
+    let mut keys = instance.keys();
+    keys.retain_mut(|k| {
+        who.visible_module(&k.module)
+            .map(|name| k.module = name)
+            .is_some()
+    });
+    axum::Json(keys)
 }
 
-async fn leave(State(instance): State<Arc<Instance>>) -> Result<impl IntoResponse, Error> {
+async fn leave(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+) -> Result<impl IntoResponse, Error> {
+    who.require_admin("leaving the cluster")?;
     instance.leave(LEAVE_TIMEOUT).await?;
     instance.request_stop();
     Ok(axum::Json(json!({"left": true})))
@@ -209,12 +281,31 @@ async fn leave(State(instance): State<Arc<Instance>>) -> Result<impl IntoRespons
 /// How long `POST /v1/leave` waits for every partition to move.
 const LEAVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-async fn limbo(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
-    axum::Json(instance.limbo().await)
+async fn limbo(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+) -> impl IntoResponse {
+    let mut entries = instance.limbo().await;
+    entries.retain_mut(|e| {
+        who.visible_module(&e.module)
+            .map(|name| e.module = name)
+            .is_some()
+    });
+    axum::Json(entries)
 }
 
-async fn status(State(instance): State<Arc<Instance>>) -> impl IntoResponse {
-    axum::Json(instance.status())
+/// The node's status; a tenant sees only its own modules in it.
+async fn status(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+) -> impl IntoResponse {
+    let mut status = instance.status();
+    status.modules.retain_mut(|m| {
+        who.visible_module(&m.name)
+            .map(|name| m.name = name)
+            .is_some()
+    });
+    axum::Json(status)
 }
 
 /// A version as an entity tag: the number in quotes.
@@ -269,9 +360,11 @@ struct CacheQuery {
 
 async fn cache_get(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, Error> {
-    let (namespace, key) = cache_path(path)?;
+    let (shown, key) = cache_path(path)?;
+    let namespace = who.cache_namespace(&shown)?;
     Ok(match instance.cache().get(&namespace, &key).await? {
         Some(entry) => {
             let mut response = (
@@ -293,7 +386,7 @@ async fn cache_get(
             StatusCode::NOT_FOUND,
             axum::Json(json!({"error": {
                 "code": "not_found",
-                "message": format!("no entry for key {key:?} in cache namespace {namespace:?}"),
+                "message": format!("no entry for key {key:?} in cache namespace {shown:?}"),
             }})),
         )
             .into_response(),
@@ -302,12 +395,14 @@ async fn cache_get(
 
 async fn cache_put(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
     query: Result<Query<CacheQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
     let (namespace, key) = cache_path(path)?;
+    let namespace = who.cache_namespace(&namespace)?;
     let Query(query) = query.map_err(|e| {
         Error::InvalidKey(format!(
             "the query string is malformed: {e} (the only parameter is ttl, e.g. ?ttl=10s)"
@@ -339,10 +434,12 @@ async fn cache_put(
 
 async fn cache_delete(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, Error> {
     let (namespace, key) = cache_path(path)?;
+    let namespace = who.cache_namespace(&namespace)?;
     let expect = expectation(&headers)?;
     let deleted = instance.cache().delete(&namespace, &key, expect).await?;
     Ok(axum::Json(json!({"deleted": deleted})))

@@ -17,13 +17,14 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use serde_json::json;
 
+use crate::auth::Identity;
 use crate::deploy::ModuleListing;
 use crate::error::Error;
 use crate::module::{MAX_MODULE_BYTES, check_header};
@@ -85,25 +86,35 @@ fn module_name(name: Result<Path<String>, PathRejection>) -> Result<String, Erro
         })
 }
 
-/// `GET /v1/modules`.
+/// `GET /v1/modules`: a tenant sees only its own, under the names it uses.
 pub(crate) async fn list(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
 ) -> Result<axum::Json<Vec<ModuleListing>>, Error> {
-    Ok(axum::Json(instance.modules().await?))
+    let mut modules = instance.modules().await?;
+    modules.retain_mut(|m| {
+        who.visible_module(&m.name)
+            .map(|name| m.name = name)
+            .is_some()
+    });
+    Ok(axum::Json(modules))
 }
 
 /// `GET /v1/modules/{name}`.
 pub(crate) async fn get_one(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<axum::Json<ModuleListing>, Error> {
-    let name = module_name(name)?;
-    let listing = instance
+    let shown = module_name(name)?;
+    let name = who.module(&shown)?;
+    let mut listing = instance
         .modules()
         .await?
         .into_iter()
         .find(|m| m.name == name)
-        .ok_or(Error::UnknownModule(name))?;
+        .ok_or(Error::UnknownModule(shown.clone()))?;
+    listing.name = shown;
     Ok(axum::Json(listing))
 }
 
@@ -118,10 +129,11 @@ pub(crate) struct RollbackQuery {
 /// `POST /v1/modules/{name}/rollback?version=N`.
 pub(crate) async fn rollback(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     name: Result<Path<String>, PathRejection>,
     query: Result<Query<RollbackQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, Error> {
-    let name = module_name(name)?;
+    let name = who.module(&module_name(name)?)?;
     let Query(query) = query.map_err(|e| {
         Error::InvalidOptions(format!(
             "a rollback needs the version to go back to, e.g. ?version=2: {e}"
@@ -133,9 +145,12 @@ pub(crate) async fn rollback(
 /// `DELETE /v1/modules/{name}`.
 pub(crate) async fn undeploy(
     State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<impl IntoResponse, Error> {
-    let name = module_name(name)?;
+    let shown = module_name(name)?;
+    let name = who.module(&shown)?;
     instance.undeploy(&name).await?;
+    let name = shown;
     Ok(axum::Json(json!({"undeployed": name})))
 }

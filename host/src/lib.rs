@@ -12,6 +12,7 @@
 //! and HTTP server over this library. See `ARCHITECTURE.md` for the map.
 
 pub mod arbiter;
+pub mod auth;
 pub mod bindings;
 pub mod cache;
 pub mod clock;
@@ -28,8 +29,10 @@ mod key;
 mod limbo;
 pub mod module;
 mod node;
+mod peer_auth;
 mod pubsub;
 mod runtime;
+pub mod tls;
 mod transport;
 
 pub use bindings::types::StopReason;

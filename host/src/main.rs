@@ -22,6 +22,14 @@ mod cli_modules;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The API token client commands send (`Authorization: Bearer`), for a
+    /// node started with tokens; prefer the environment variable.
+    #[arg(long, global = true, env = "FIEF_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A PEM CA certificate to trust, besides the system's, when `--node`
+    /// is an `https://` URL (e.g. a node's self-signed certificate).
+    #[arg(long, global = true, env = "FIEF_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -50,7 +58,20 @@ enum Command {
     /// Read and write the coherent cache.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Make and hash API tokens and cluster secrets.
+    #[command(subcommand)]
+    Token(TokenCommand),
 }
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Print a new random token (64 hex digits) and, on stderr, its SHA-256
+    /// for a tokens file's `token_sha256`.
+    New,
+    /// Print the SHA-256 of the token read from standard input.
+    Hash,
+}
+
 
 #[derive(Subcommand)]
 enum CacheCommand {
@@ -171,6 +192,40 @@ struct NodeArgs {
     /// Deploy a module at start: `NAME=PATH.wasm` (repeatable).
     #[arg(long = "deploy", value_name = "NAME=PATH")]
     deploy: Vec<String>,
+    /// A tokens file (TOML, or JSON if `.json`): admin and tenant API
+    /// tokens. With no tokens file and no `FIEF_ADMIN_TOKEN`, the API is
+    /// open to anyone who can reach it. See docs/security.md.
+    #[arg(long, env = "FIEF_TOKENS_FILE", value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Serve the API over HTTPS with this PEM certificate (with --tls-key).
+    #[arg(long, env = "FIEF_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "FIEF_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A file holding the cluster secret: peers must prove they know it.
+    #[arg(long, env = "FIEF_CLUSTER_SECRET_FILE", value_name = "FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// Mutual TLS for peer links: this node's PEM certificate (with
+    /// --peer-tls-key and --peer-tls-ca).
+    #[arg(long, env = "FIEF_PEER_TLS_CERT", value_name = "FILE", requires_all = ["peer_tls_key", "peer_tls_ca"])]
+    peer_tls_cert: Option<PathBuf>,
+    /// The PEM private key of --peer-tls-cert.
+    #[arg(
+        long,
+        env = "FIEF_PEER_TLS_KEY",
+        value_name = "FILE",
+        requires = "peer_tls_cert"
+    )]
+    peer_tls_key: Option<PathBuf>,
+    /// The PEM CA certificate that signed every node's peer certificate.
+    #[arg(
+        long,
+        env = "FIEF_PEER_TLS_CA",
+        value_name = "FILE",
+        requires = "peer_tls_cert"
+    )]
+    peer_tls_ca: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -244,6 +299,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    CLIENT
+        .set(build_client(cli.token.as_deref(), cli.ca_cert.as_deref())?)
+        .map_err(|_| anyhow::anyhow!("the HTTP client was built twice"))?;
     match cli.command {
         Command::Node(args) => node(*args).await,
         Command::Deploy(args) => cli_modules::deploy(args).await,
@@ -256,6 +314,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Leave(args) => leave(args).await,
         Command::Limbo(args) => limbo(args).await,
         Command::Cache(command) => cache(command).await,
+        Command::Token(command) => token(command),
     }
 }
 
@@ -289,6 +348,16 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
     if let Some(addr) = args.peer_advertise.clone() {
         config.peer_advertise = Some(addr);
     }
+    if let Some(path) = args.cluster_secret_file.clone() {
+        config.cluster_secret_file = Some(path);
+    }
+    if let (Some(cert), Some(key), Some(ca)) = (
+        args.peer_tls_cert.clone(),
+        args.peer_tls_key.clone(),
+        args.peer_tls_ca.clone(),
+    ) {
+        config.peer_tls = Some(fief::tls::PeerTls { cert, key, ca });
+    }
     if args.no_compile_cache {
         config.compile_cache = None;
     } else if let Some(dir) = args.compile_cache.clone() {
@@ -314,6 +383,12 @@ fn default_compile_cache() -> Option<PathBuf> {
 
 async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let config = node_config(&args)?;
+    let auth = Arc::new(api_auth(&args)?);
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(fief::tls::server_config(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let listen = config.listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -343,9 +418,14 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
     }
     let instance = Arc::new(builder.start().await?);
     println!(
-        "fief node {} listening on http://{listen}",
+        "fief node {} listening on {scheme}://{listen}",
         instance.status().node_id
     );
+    if auth.is_open() {
+        println!("the API is open: no tokens configured (--tokens FILE, FIEF_ADMIN_TOKEN)");
+    } else {
+        println!("the API requires tokens: {auth:?}");
+    }
     if let Some(name) = args
         .deploy
         .first()
@@ -358,7 +438,7 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
         let node = if listen == NodeConfig::default().listen {
             String::new()
         } else {
-            format!(" --node http://{listen}")
+            format!(" --node {scheme}://{listen}")
         };
         println!("try: {exe} call{node} {name} alice incr");
     }
@@ -393,7 +473,8 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
             () = stop.stop_requested() => {}
         }
     };
-    fief::http::serve(instance.clone(), listener, shutdown).await?;
+    let options = fief::http::ApiOptions { auth, tls };
+    fief::http::serve_with(instance.clone(), listener, options, shutdown).await?;
     match Arc::try_unwrap(instance) {
         Ok(instance) => instance.shutdown().await,
         Err(_) => tracing::warn!("requests still in flight at shutdown"),
@@ -412,8 +493,77 @@ async fn api_error(response: reqwest::Response) -> anyhow::Error {
     anyhow::anyhow!("{message} (HTTP {status})")
 }
 
+/// The client every command uses, built once by `run` from `--token` and
+/// `--ca-cert`.
+static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+
 fn client() -> reqwest::Client {
-    reqwest::Client::new()
+    CLIENT.get().cloned().unwrap_or_default()
+}
+
+/// An HTTP client that sends `token` (marked sensitive, so never logged)
+/// and trusts `ca_cert` besides the system's roots.
+fn build_client(
+    token: Option<&str>,
+    ca_cert: Option<&std::path::Path>,
+) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder();
+    if let Some(token) = token.map(str::trim).filter(|t| !t.is_empty()) {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| anyhow::anyhow!("--token / FIEF_TOKEN must be printable ASCII"))?;
+        value.set_sensitive(true);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        builder = builder.default_headers(headers);
+    }
+    if let Some(path) = ca_cert {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("reading the CA certificate {}", path.display()))?;
+        for cert in reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("{} is not a PEM certificate", path.display()))?
+        {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().context("building the HTTP client")
+}
+
+/// `fief token new` / `fief token hash`.
+fn token(command: TokenCommand) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::New => {
+            let token = fief::auth::new_token()?;
+            println!("{token}");
+            eprintln!("sha256: {}", fief::auth::hash_token(&token));
+        }
+        TokenCommand::Hash => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the token from standard input")?;
+            let token = line.trim();
+            if token.is_empty() {
+                bail!("no token on standard input: `echo -n TOKEN | fief token hash`");
+            }
+            println!("{}", fief::auth::hash_token(token));
+        }
+    }
+    Ok(())
+}
+
+/// The API's tokens: `--tokens FILE` plus `FIEF_ADMIN_TOKEN`; open if none.
+fn api_auth(args: &NodeArgs) -> anyhow::Result<fief::auth::Auth> {
+    let mut auth = match &args.tokens {
+        Some(path) => fief::auth::Auth::from_file(path)?,
+        None => fief::auth::Auth::open(),
+    };
+    if let Ok(token) = std::env::var("FIEF_ADMIN_TOKEN")
+        && !token.trim().is_empty()
+    {
+        auth.add_token(&token, fief::auth::Identity::Admin)
+            .map_err(|e| anyhow::anyhow!("FIEF_ADMIN_TOKEN: {e}"))?;
+    }
+    Ok(auth)
 }
 
 fn connect_error(node: &str) -> impl FnOnce(reqwest::Error) -> anyhow::Error + '_ {

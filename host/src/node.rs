@@ -845,6 +845,7 @@ impl InstanceBuilder {
                 &config.namespace,
                 &config.node_id,
                 config.max_message_size.as_u64() as usize,
+                crate::peer_auth::PeerSecurity::load(&config)?,
             ),
             config,
             runtime,

@@ -7,6 +7,10 @@
 //! connection's outgoing queue holds [`OUTGOING_QUEUE`] frames, and a frame is
 //! at most the node's `max_message_size` plus [`FRAME_OVERHEAD`].
 //!
+//! Every connection is secured first ([`crate::peer_auth`]): TLS if the
+//! node has peer TLS, then the cluster-secret handshake; only then are
+//! frames exchanged.
+//!
 //! The transport decides nothing about ownership: the receiving node routes
 //! every request again against its own lease and table (guarantee 2: the
 //! owner re-checks before processing), so a stale sender gets an error, never
@@ -23,12 +27,13 @@ use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::LengthDelimitedCodec;
 
 use crate::cache::CacheOp;
 use crate::error::{Error, Result};
 use crate::key::lock;
 use crate::node::NodeShared;
+use crate::peer_auth::{PeerFramed, PeerSecurity};
 
 /// Room for everything in a frame besides the message itself.
 pub const FRAME_OVERHEAD: usize = 8 * 1024;
@@ -152,7 +157,8 @@ fn encode(frame: &Frame) -> Result<Bytes> {
         .map_err(|e| Error::Internal(format!("encoding a peer frame: {e}")))
 }
 
-/// Accept peer connections on `listener` and serve their requests.
+/// Accept peer connections on `listener` and serve their requests, each
+/// after its TLS and cluster-secret handshake ([`crate::peer_auth`]).
 pub(crate) async fn serve(node: Weak<NodeShared>, listener: TcpListener) {
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
@@ -160,21 +166,19 @@ pub(crate) async fn serve(node: Weak<NodeShared>, listener: TcpListener) {
         };
         let Some(shared) = node.upgrade() else { return };
         let max = shared.config.max_message_size.as_u64() as usize;
+        let security = shared.peers.security.clone();
         drop(shared);
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(
-            node.clone(),
-            Framed::new(stream, codec(max)),
-            peer,
-        ));
+        let node = node.clone();
+        tokio::spawn(async move {
+            if let Some(framed) = security.accept(peer, stream, codec(max)).await {
+                serve_connection(node, framed, peer).await;
+            }
+        });
     }
 }
 
-async fn serve_connection(
-    node: Weak<NodeShared>,
-    framed: Framed<TcpStream, LengthDelimitedCodec>,
-    peer: SocketAddr,
-) {
+async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: SocketAddr) {
     let (mut sink, mut stream) = framed.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
     let writer = tokio::spawn(async move {
@@ -249,17 +253,25 @@ pub(crate) struct PeerPool {
     namespace: String,
     me: String,
     max_message: usize,
+    /// TLS and the cluster secret for every link.
+    security: Arc<PeerSecurity>,
     conns: tokio::sync::Mutex<HashMap<String, Arc<PeerConn>>>,
     /// Peer addresses this node is cut off from (fault injection).
     cut: Mutex<std::collections::HashSet<String>>,
 }
 
 impl PeerPool {
-    pub(crate) fn new(namespace: &str, me: &str, max_message: usize) -> Self {
+    pub(crate) fn new(
+        namespace: &str,
+        me: &str,
+        max_message: usize,
+        security: PeerSecurity,
+    ) -> Self {
         PeerPool {
             namespace: namespace.to_owned(),
             me: me.to_owned(),
             max_message,
+            security: Arc::new(security),
             conns: tokio::sync::Mutex::new(HashMap::new()),
             cut: Mutex::default(),
         }
@@ -294,7 +306,11 @@ impl PeerPool {
             .map_err(|_| unreachable("connecting timed out".to_owned()))?
             .map_err(|e| unreachable(format!("cannot connect: {e}")))?;
         let _ = stream.set_nodelay(true);
-        let (mut sink, mut stream) = Framed::new(stream, codec(self.max_message)).split();
+        let framed = self
+            .security
+            .connect(addr, stream, codec(self.max_message))
+            .await?;
+        let (mut sink, mut stream) = framed.split();
         let (out, mut out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
         let pending: Pending = Arc::default();
         // The hello goes first.

@@ -21,4 +21,6 @@ mod linearizability;
 mod processes;
 mod runtime;
 mod self_fencing;
+mod tenants;
 mod tidy;
+mod tls;
