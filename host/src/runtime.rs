@@ -194,3 +194,33 @@ impl Drop for EpochTicker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ByteSize;
+
+    fn config(keys: u32, memory: ByteSize) -> NodeConfig {
+        NodeConfig {
+            max_live_keys: keys,
+            max_memory_per_key: memory,
+            ..NodeConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_million_keys_of_64_mib_fit_the_memory_pool() {
+        let slots = memory_slots(&config(1_000_000, ByteSize::mib(64))).expect("they fit");
+        assert!(slots >= 1_000_000, "{slots} memory slots");
+    }
+
+    #[test]
+    fn keys_whose_memories_exceed_the_pool_address_space_are_refused() {
+        // 1 000 000 × 256 MiB is 244 TiB: more than the pool may reserve.
+        let Err(Error::Config(why)) = memory_slots(&config(1_000_000, ByteSize::mib(256))) else {
+            panic!("a million 256 MiB memories were accepted");
+        };
+        assert!(why.contains("max_memory_per_key"), "{why}");
+        assert!(why.contains("at most"), "{why}");
+    }
+}

@@ -129,3 +129,34 @@ async fn timers_stop_at_max_timers_per_key() {
     others_still_served(&node).await;
     node.shutdown().await;
 }
+
+/// The kernel's per-process mapping limit, if this is Linux.
+fn max_map_count() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_max_live_keys_the_kernel_cannot_map_is_refused_at_start() {
+    let Some(limit) = max_map_count() else {
+        eprintln!("no /proc/sys/vm/max_map_count: nothing to check against");
+        return;
+    };
+    // Six mappings per key: one key more than the limit holds even in an
+    // empty process (on a default kernel, 65 530 / 6 + 1 = 10 922 keys).
+    let keys = u32::try_from(limit / 6 + 1).unwrap_or(u32::MAX);
+    let config = NodeConfig {
+        max_live_keys: keys,
+        ..test_config()
+    };
+    let Err(Error::Config(why)) = Instance::start_embedded(config).await else {
+        panic!("a node with max_live_keys = {keys} started under vm.max_map_count = {limit}");
+    };
+    assert!(why.contains("vm.max_map_count"), "{why}");
+    assert!(why.contains("sysctl -w"), "names the setting: {why}");
+    assert!(
+        why.contains("lower max_live_keys"),
+        "names the other way: {why}"
+    );
+}
