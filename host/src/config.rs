@@ -254,6 +254,19 @@ pub struct ModuleOptions {
     pub max_timers_per_key: u32,
     /// Topics one key may be subscribed to at once.
     pub max_subscriptions_per_key: u32,
+    /// Largest message to one of this module's keys; `None`: the node's
+    /// `max_message_size`, which is also the ceiling.
+    pub max_message_size: Option<ByteSize>,
+    /// Largest reply from one of this module's keys; `None`: the node's
+    /// `max_message_size`, which is also the ceiling.
+    pub max_reply_size: Option<ByteSize>,
+    /// Publications one key may make per second (a token bucket with a burst
+    /// of one second's worth); over it `publish` fails with `limit`.
+    pub max_publishes_per_second: u32,
+    /// A host directory preopened at `/data` in every key, read-only or
+    /// read-write (`"/srv/data:ro"`); `None`: no filesystem at all. See
+    /// [`crate::sandbox`] for who may name host paths.
+    pub dir: Option<crate::sandbox::DirGrant>,
 }
 
 impl Default for ModuleOptions {
@@ -268,6 +281,10 @@ impl Default for ModuleOptions {
             mailbox_depth: 1024,
             max_timers_per_key: 1024,
             max_subscriptions_per_key: 64,
+            max_message_size: None,
+            max_reply_size: None,
+            max_publishes_per_second: 1000,
+            dir: None,
         }
     }
 }
@@ -306,6 +323,25 @@ impl ModuleOptions {
         }
         if self.idle_timeout.is_zero() {
             return bad("idle_timeout must be above zero".to_owned());
+        }
+        for (name, size) in [
+            ("max_message_size", self.max_message_size),
+            ("max_reply_size", self.max_reply_size),
+        ] {
+            if let Some(size) = size
+                && (size.as_u64() == 0 || size > node.max_message_size)
+            {
+                return bad(format!(
+                    "{name} ({size}) must be between 1 byte and this node's max_message_size ({})",
+                    node.max_message_size
+                ));
+            }
+        }
+        if self.max_publishes_per_second == 0 {
+            return bad("max_publishes_per_second must be at least 1".to_owned());
+        }
+        if let Some(dir) = &self.dir {
+            dir.check_exists()?;
         }
         Ok(())
     }
@@ -363,9 +399,13 @@ impl ModuleOptions {
             "mailbox_depth" => self.mailbox_depth = count(value)?,
             "max_timers_per_key" => self.max_timers_per_key = count(value)?,
             "max_subscriptions_per_key" => self.max_subscriptions_per_key = count(value)?,
+            "max_message_size" => self.max_message_size = Some(size(value)?),
+            "max_reply_size" => self.max_reply_size = Some(size(value)?),
+            "max_publishes_per_second" => self.max_publishes_per_second = count(value)?,
+            "dir" => self.dir = Some(value.parse().map_err(Error::InvalidOptions)?),
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_publishes_per_second, dir"
                 )));
             }
         }

@@ -40,7 +40,7 @@ pub enum Error {
     /// A key's reply is over the node's size limit; the key is fine, the
     /// reply was dropped.
     #[error(
-        "the key's reply of {size} bytes is over the limit of {limit} bytes (max_message_size); the reply was dropped"
+        "the key's reply of {size} bytes is over the limit of {limit} bytes (the module's max_reply_size, at most the node's max_message_size); the reply was dropped"
     )]
     ReplyTooLarge {
         /// The reply's size.

@@ -132,6 +132,9 @@ impl Host for KeyCtx {
                 payload.len()
             ))));
         }
+        if let Err(why) = self.publishes.take(node.clock.now()) {
+            return Ok(Err(EffectError::Limit(why)));
+        }
         Ok(Ok(node.pubsub.publish(&topic, &payload)))
     }
 

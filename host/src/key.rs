@@ -33,7 +33,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::error::{Error, Result};
-use crate::guest_log::{GuestLog, Stream};
+use crate::sandbox::PublishBucket;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
@@ -383,6 +383,8 @@ pub(crate) struct KeyCtx {
     pub(crate) timers: HashMap<u64, AbortHandle>,
     pub(crate) next_timer: u64,
     pub(crate) subscriptions: BTreeSet<String>,
+    /// The key's publish rate limit (`max_publishes_per_second`).
+    pub(crate) publishes: PublishBucket,
 }
 
 impl WasiView for KeyCtx {
@@ -449,18 +451,7 @@ impl KeyProcess {
         handoff: Option<Vec<u8>>,
     ) -> Result<Self> {
         let options = &module.options;
-        let wasi = WasiCtx::builder()
-            .stdout(GuestLog::new(
-                env.module.clone(),
-                env.key.clone(),
-                Stream::Stdout,
-            ))
-            .stderr(GuestLog::new(
-                env.module.clone(),
-                env.key.clone(),
-                Stream::Stderr,
-            ))
-            .build();
+        let wasi = crate::sandbox::wasi_ctx(&env, options)?;
         let memory_limit = options.memory_limit.as_u64() as usize;
         let limits = wasmtime::StoreLimitsBuilder::new()
             .memory_size(memory_limit)
@@ -472,7 +463,7 @@ impl KeyProcess {
         let cpu_limit_ticks = (options.cpu_limit.as_nanos() / tick).max(1) as u64;
         let ctx = KeyCtx {
             wasi,
-            table: ResourceTable::new(),
+            table: crate::sandbox::resource_table(),
             limits,
             memory_limit,
             env: env.clone(),
@@ -483,6 +474,7 @@ impl KeyProcess {
             timers: HashMap::new(),
             next_timer: 1,
             subscriptions: BTreeSet::new(),
+            publishes: PublishBucket::new(options.max_publishes_per_second, node.clock.now()),
         };
         let mut store = Store::new(&node.runtime.engine, ctx);
         store.limiter(|ctx| &mut ctx.limits);

@@ -21,6 +21,7 @@ pub mod config;
 mod deploy;
 pub mod error;
 pub mod event_log;
+pub mod fuzz;
 mod guest_log;
 mod host_api;
 pub mod http;
@@ -32,6 +33,7 @@ mod node;
 mod peer_auth;
 mod pubsub;
 mod runtime;
+pub mod sandbox;
 pub mod tls;
 mod transport;
 
@@ -44,6 +46,7 @@ pub use error::{Error, Result};
 pub use fief_core as core;
 pub use key::{KeyLife, KeyLifeEvent, LiveKey};
 pub use limbo::LimboEntry;
+pub use sandbox::TenantLimits;
 pub use node::{
     Instance, InstanceBuilder, KeyLifeObserver, LeaseState, ModuleInfo, NodeStatus, Status,
 };

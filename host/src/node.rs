@@ -317,6 +317,16 @@ impl NodeShared {
     fn deliver_local(self: &Arc<Self>, module: &str, key: &str, envelope: Envelope) -> Result<()> {
         validate_key(key)?;
         let slot = self.module(module)?;
+        // The module's own message limit, under the node's.
+        if let (Envelope::Call { message, .. } | Envelope::Cast { message, .. }, Some(limit)) =
+            (&envelope, slot.current().options.max_message_size)
+            && message.len() as u64 > limit.as_u64()
+        {
+            return Err(Error::MessageTooLarge {
+                size: message.len(),
+                limit: limit.as_u64() as usize,
+            });
+        }
         match self.route(key) {
             Route::Local { partition, token } => {
                 slot.deliver(self, key, partition, token, envelope)
@@ -443,7 +453,15 @@ impl NodeShared {
             Ok(Err(_)) => return Err(Error::KeyDied("the key process went away".to_owned())),
             Ok(Ok(reply)) => reply?,
         };
-        let limit = self.config.max_message_size.as_u64() as usize;
+        let module_limit = self
+            .module(module)
+            .ok()
+            .and_then(|slot| slot.current().options.max_reply_size);
+        let limit = module_limit
+            .map_or(self.config.max_message_size, |l| {
+                l.min(self.config.max_message_size)
+            })
+            .as_u64() as usize;
         if reply.len() > limit {
             return Err(Error::ReplyTooLarge {
                 size: reply.len(),

@@ -134,7 +134,7 @@ fn code_status(code: &str) -> u16 {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-enum Frame {
+pub(crate) enum Frame {
     Request {
         id: u64,
         body: PeerRequest,
@@ -145,16 +145,23 @@ enum Frame {
     },
 }
 
-fn codec(max_message: usize) -> LengthDelimitedCodec {
+pub(crate) fn codec(max_message: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .max_frame_length(max_message + FRAME_OVERHEAD)
         .new_codec()
 }
 
-fn encode(frame: &Frame) -> Result<Bytes> {
+pub(crate) fn encode(frame: &Frame) -> Result<Bytes> {
     postcard::to_stdvec(frame)
         .map(Bytes::from)
         .map_err(|e| Error::Internal(format!("encoding a peer frame: {e}")))
+}
+
+/// Decode the payload of one length-delimited frame from a peer: with the
+/// codec, the only parser of bytes a peer sends (fuzzed by
+/// `fuzz/fuzz_targets/peer_frames.rs` through [`crate::fuzz`]).
+pub(crate) fn decode_frame(bytes: &[u8]) -> std::result::Result<Frame, postcard::Error> {
+    postcard::from_bytes(bytes)
 }
 
 /// Accept peer connections on `listener` and serve their requests, each
@@ -191,7 +198,7 @@ async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: Sock
     });
     let mut greeted = false;
     while let Some(Ok(bytes)) = stream.next().await {
-        let Ok(Frame::Request { id, body }) = postcard::from_bytes::<Frame>(&bytes) else {
+        let Ok(Frame::Request { id, body }) = decode_frame(&bytes) else {
             tracing::warn!(%peer, "dropping a peer connection: undecodable frame");
             break;
         };
@@ -336,7 +343,7 @@ impl PeerPool {
         let (reader_closed, reader_pending) = (closed.clone(), pending.clone());
         tokio::spawn(async move {
             while let Some(Ok(bytes)) = stream.next().await {
-                if let Ok(Frame::Response { id, body }) = postcard::from_bytes::<Frame>(&bytes)
+                if let Ok(Frame::Response { id, body }) = decode_frame(&bytes)
                     && let Some(waiter) = lock(&reader_pending).remove(&id)
                 {
                     let _ = waiter.send(body);

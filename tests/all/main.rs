@@ -12,6 +12,7 @@ mod config;
 mod deploy;
 mod fence_modes;
 mod host_imports;
+mod hostile;
 mod http_cli;
 mod kill;
 mod languages;

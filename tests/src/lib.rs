@@ -29,6 +29,9 @@ pub mod guests {
     /// `tests/guests/quiet`: subscribes in `init`, unsubscribes and answers
     /// `continue` in `handle-fence` (the fence-mode page's sanctioned pairing).
     pub const QUIET: &str = env!("FIEF_GUEST_QUIET");
+    /// `tests/guests/hostile`: an attack from every callback and import, for
+    /// the hostile-guest suite.
+    pub const HOSTILE: &str = env!("FIEF_GUEST_HOSTILE");
     /// `examples/counter-py`: `counter` in Python (componentize-py).
     pub const COUNTER_PY: &str = env!("FIEF_GUEST_COUNTER_PY");
     /// `examples/counter-js`: `counter` in JavaScript (componentize-js).
