@@ -110,6 +110,21 @@ pub enum Error {
         /// Its limit.
         limit: u32,
     },
+    /// The node's instance pool has no free slot of some kind for a new
+    /// key: the module's components need more pool slots per key (core
+    /// instances, memories, tables) than the pool sets aside per
+    /// `max_live_keys`, so the pool ran out before the key count did.
+    #[error(
+        "cannot start a key of module {module:?}: this node's instance pool is full ({detail}); the pool \
+         sets aside 4 core instances, 2 memories and 4 tables per key of the node's max_live_keys and \
+         this module's keys use more; raise the node's max_live_keys or stop idle keys"
+    )]
+    PoolFull {
+        /// The module.
+        module: String,
+        /// Which pool ran out, in wasmtime's words.
+        detail: String,
+    },
     /// The key's `init` refused to start.
     #[error("key refused to start: init returned: {0}")]
     InitRefused(String),
@@ -206,7 +221,7 @@ impl Error {
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::NotOwner { .. } => "not_owner",
             Error::Overloaded { .. } => "overloaded",
-            Error::TooManyKeys { .. } => "too_many_keys",
+            Error::TooManyKeys { .. } | Error::PoolFull { .. } => "too_many_keys",
             Error::InitRefused(_) => "init_refused",
             Error::Rejected(_) => "rejected",
             Error::KeyDied(_) => "key_died",
@@ -241,7 +256,7 @@ impl Error {
             Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
             Error::Deadlock => 409,
             Error::MethodNotAllowed(_) => 405,
-            Error::Overloaded { .. } | Error::TooManyKeys { .. } => 429,
+            Error::Overloaded { .. } | Error::TooManyKeys { .. } | Error::PoolFull { .. } => 429,
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
             Error::Fenced

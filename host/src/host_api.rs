@@ -170,11 +170,15 @@ impl Host for KeyCtx {
     ) -> wasmtime::Result<Result<(), EffectError>> {
         let node = self.gate()?;
         let module = guest_module(&self.env.module, &module);
-        Ok(module.and_then(|module| node.cast(&module, &key, message)).map_err(|e| match e {
-            Error::UnknownModule(m) => EffectError::UnknownModule(m),
-            Error::Overloaded { .. } | Error::TooManyKeys { .. } => EffectError::Overloaded,
-            other => EffectError::Invalid(other.to_string()),
-        }))
+        Ok(module
+            .and_then(|module| node.cast(&module, &key, message))
+            .map_err(|e| match e {
+                Error::UnknownModule(m) => EffectError::UnknownModule(m),
+                Error::Overloaded { .. } | Error::TooManyKeys { .. } | Error::PoolFull { .. } => {
+                    EffectError::Overloaded
+                }
+                other => EffectError::Invalid(other.to_string()),
+            }))
     }
 
     async fn cache_get(
@@ -293,7 +297,9 @@ fn call_error(error: Error) -> CallError {
             CallError::Invalid(error.to_string())
         }
         Error::Fenced => CallError::Fenced,
-        Error::Overloaded { .. } | Error::TooManyKeys { .. } => CallError::Overloaded,
+        Error::Overloaded { .. } | Error::TooManyKeys { .. } | Error::PoolFull { .. } => {
+            CallError::Overloaded
+        }
         Error::Deadlock => CallError::Deadlock,
         Error::Rejected(why) => CallError::Rejected(why),
         Error::KeyDied(why) | Error::InitRefused(why) => CallError::Crashed(why),

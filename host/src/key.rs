@@ -519,15 +519,19 @@ impl KeyProcess {
         let guest = match module.pre.instantiate_async(&mut store).await {
             Ok(guest) => guest,
             Err(e) => {
-                let why = describe_failure(&mut store, &e);
-                return Err(if why.contains("resource limit") || why.contains("pool") {
-                    Error::TooManyKeys {
+                // Pool exhaustion is the node being full, not the key dying:
+                // a 429 the caller may retry, naming the pool that ran out.
+                if let Some(full) = e
+                    .chain()
+                    .find_map(|c| c.downcast_ref::<wasmtime::PoolConcurrencyLimitError>())
+                {
+                    return Err(Error::PoolFull {
                         module: env.module.to_string(),
-                        limit: node.config.max_live_keys,
-                    }
-                } else {
-                    Error::KeyDied(format!("instantiation failed: {why}"))
-                });
+                        detail: full.to_string(),
+                    });
+                }
+                let why = describe_failure(&mut store, &e);
+                return Err(Error::KeyDied(format!("instantiation failed: {why}")));
             }
         };
         let mut process = KeyProcess { store, guest };
@@ -828,6 +832,11 @@ impl ModuleSlot {
 
     /// Call `key` and wait for its reply, activating it first if it has no
     /// live process.
+    //
+    // Not called yet: `NodeShared::call_local` (node.rs) still delivers an
+    // envelope and waits for it; switching it to this method is the warm-call
+    // fix of docs/benchmarks.md. Remove the `allow` then.
+    #[allow(dead_code)]
     ///
     /// When the key is idle (nothing in its mailbox, nothing being
     /// processed) and the call is routed, the call runs right here on the

@@ -785,6 +785,51 @@ fn a_restarted_node_serves_python_keys_without_recompiling() {
     }
 }
 
+/// A node whose instance pool is too small for an interpreter's keys says so
+/// (a 429 `too_many_keys` naming the pool), instead of reporting the key as
+/// dead, and goes on serving keys that fit. The pool sets aside 4 core
+/// instances per key of `max_live_keys`; a componentize-py key needs more, so
+/// on a node with `max_live_keys = 2` not one Python key fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_instance_pool_is_a_clear_refusal_not_a_dead_key() {
+    let node = Instance::start_embedded(NodeConfig {
+        max_live_keys: 2,
+        ..script_config()
+    })
+    .await
+    .expect("a node");
+    node.deploy(
+        "counter-py",
+        guests::bytes(guests::COUNTER_PY),
+        script_options(),
+    )
+    .await
+    .expect("deploy counter-py");
+    node.deploy(
+        "counter",
+        guests::bytes(guests::COUNTER),
+        ModuleOptions::default(),
+    )
+    .await
+    .expect("deploy counter");
+    let refused = node
+        .call("counter-py", "alice", b"incr".to_vec())
+        .await
+        .expect_err("no Python key fits this pool");
+    assert_eq!(refused.code(), "too_many_keys", "{refused}");
+    assert_eq!(refused.http_status(), 429, "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("instance pool is full") && text.contains("max_live_keys"),
+        "the refusal says what ran out and what to do: {text}"
+    );
+    assert_eq!(
+        node.call("counter", "bob", b"incr".to_vec()).await.unwrap(),
+        b"1"
+    );
+    assert!(node.keys().iter().all(|k| k.module != "counter-py"));
+}
+
 // ---------------------------------------------------------------------------
 // The figures of docs/benchmarks.md, "Guest languages"
 // ---------------------------------------------------------------------------
