@@ -832,11 +832,6 @@ impl ModuleSlot {
 
     /// Call `key` and wait for its reply, activating it first if it has no
     /// live process.
-    //
-    // Not called yet: `NodeShared::call_local` (node.rs) still delivers an
-    // envelope and waits for it; switching it to this method is the warm-call
-    // fix of docs/benchmarks.md. Remove the `allow` then.
-    #[allow(dead_code)]
     ///
     /// When the key is idle (nothing in its mailbox, nothing being
     /// processed) and the call is routed, the call runs right here on the

@@ -441,17 +441,24 @@ impl NodeShared {
         message: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let (reply, rx) = oneshot::channel();
-        let envelope = Envelope::Call {
-            message,
-            reply,
-            via: Via::Routed,
+        validate_key(key)?;
+        let slot = self.module(module)?;
+        let (partition, token) = match self.route(key) {
+            Route::Local { partition, token } => (partition, token),
+            Route::Forward { owner, .. } => {
+                return Err(Error::NotOwner {
+                    owner: owner.to_string(),
+                });
+            }
+            Route::Refuse(refusal) => return Err(refused(refusal)),
         };
-        self.deliver_local(module, key, envelope)?;
-        let reply = match tokio::time::timeout(timeout, rx).await {
+        // An idle key runs the call on this task; a busy one queues it
+        // (`ModuleSlot::call`). A timeout abandons the wait, not the call:
+        // the key finishes it either way.
+        let call = slot.call(self, key, partition, token, message, Via::Routed);
+        let reply = match tokio::time::timeout(timeout, call).await {
             Err(_) => return Err(Error::Timeout(timeout)),
-            Ok(Err(_)) => return Err(Error::KeyDied("the key process went away".to_owned())),
-            Ok(Ok(reply)) => reply?,
+            Ok(reply) => reply?,
         };
         let module_limit = self
             .module(module)
@@ -573,6 +580,10 @@ impl NodeShared {
                 .map_or(Duration::ZERO, |p| now.saturating_duration_since(p)),
         );
         lock(&self.lease).fence_now(now);
+        // Running guest code stops now, not after the sweep below (which is
+        // O(live keys)): past the fence point the epoch callback interrupts
+        // every `terminate` key, flagged or not (key.rs, `KeyProcess::start`).
+        self.runtime.engine.increment_epoch();
         *lock(&self.leader_term) = None;
         // Forget the table: after a rejoin every partition this node gets is
         // initialized anew (and its survivors reaped first).
