@@ -229,6 +229,9 @@ pub struct Lease {
     last_good_send: Option<Instant>,
     last_attempt: Option<Instant>,
     fenced_at: Option<Instant>,
+    /// Test-only fault (the simulation's mutation check): fence at
+    /// `sent + ttl`, without the margin. False in every real build.
+    fence_at_ttl: bool,
 }
 
 impl Lease {
@@ -239,7 +242,15 @@ impl Lease {
             last_good_send: None,
             last_attempt: None,
             fenced_at: None,
+            fence_at_ttl: false,
         }
+    }
+
+    /// Mutation for the simulation's checker test: fence at `sent + ttl`
+    /// instead of `sent + ttl - margin`. Never used outside tests.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn mutate_fence_at_ttl(&mut self) {
+        self.fence_at_ttl = true;
     }
 
     /// The timing this lease runs under.
@@ -272,8 +283,13 @@ impl Lease {
 
     /// The fence point of the lease as it stands, if any renewal succeeded.
     pub fn fence_point(&self) -> Option<Instant> {
+        let margin = if self.fence_at_ttl {
+            Duration::ZERO
+        } else {
+            self.timing.fence_margin
+        };
         self.last_good_send
-            .map(|sent| sent + self.timing.lease_ttl - self.timing.fence_margin)
+            .map(|sent| sent + self.timing.lease_ttl - margin)
     }
 
     /// When the next renewal should be sent.
