@@ -92,6 +92,8 @@ pub(crate) struct NodeShared {
     stop_requested: watch::Sender<bool>,
     /// The coherent cache's entries this node holds as owner.
     pub(crate) cache: Mutex<CacheStore>,
+    /// Counters and histograms for `GET /metrics`.
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 /// Handoff states waiting for their key's activation: (module, key) →
@@ -104,6 +106,9 @@ pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;
 impl NodeShared {
     /// Report a key life event to the observer, if there is one.
     pub(crate) fn observe(&self, module: &str, key: &str, event: KeyLifeEvent) {
+        if event == KeyLifeEvent::Started {
+            self.metrics.activated(module);
+        }
         if let Some(observer) = &self.observer {
             observer(KeyLife {
                 node: self.node_id.to_string(),
@@ -141,7 +146,12 @@ impl NodeShared {
         lock(&self.lease).status(self.clock.now())
     }
 
-    fn table(&self) -> std::sync::RwLockReadGuard<'_, OwnershipTable> {
+    /// Renewals the current lease has settled (for the metrics).
+    pub(crate) fn renewal_counts(&self) -> fief_core::RenewalCounts {
+        lock(&self.lease).renewal_counts()
+    }
+
+    pub(crate) fn table(&self) -> std::sync::RwLockReadGuard<'_, OwnershipTable> {
         self.table
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -374,16 +384,30 @@ impl NodeShared {
     ) -> Result<Vec<u8>> {
         self.check_message(&message)?;
         validate_key(key)?;
-        let request = || PeerRequest::Call {
-            module: module.to_owned(),
-            key: key.to_owned(),
-            message: message.clone(),
-            timeout_ms: timeout.as_millis() as u64,
-        };
-        match self.forward(key, request, timeout).await {
-            Some(reply) => reply,
-            None => self.call_local(module, key, message, timeout).await,
-        }
+        let started = std::time::Instant::now();
+        let span = tracing::debug_span!("call", node = %self.node_id, module, key);
+        let (reply, route) = tracing::Instrument::instrument(
+            async {
+                let request = || PeerRequest::Call {
+                    module: module.to_owned(),
+                    key: key.to_owned(),
+                    message: message.clone(),
+                    timeout_ms: timeout.as_millis() as u64,
+                };
+                match self.forward(key, request, timeout).await {
+                    Some(reply) => (reply, crate::metrics::CallRoute::Routed),
+                    None => (
+                        self.call_local(module, key, message, timeout).await,
+                        crate::metrics::CallRoute::Local,
+                    ),
+                }
+            },
+            span,
+        )
+        .await;
+        self.metrics
+            .call_done(module, route, reply.is_ok(), started.elapsed());
+        reply
     }
 
     /// Send `request` to the owner of `key` if another node owns it, and
@@ -545,7 +569,26 @@ impl NodeShared {
             } => {
                 self.check_message(&message)?;
                 let timeout = Duration::from_millis(timeout_ms).min(self.config.call_timeout);
-                self.call_local(&module, &key, message, timeout).await
+                let started = std::time::Instant::now();
+                let span = tracing::debug_span!(
+                    "serve",
+                    node = %self.node_id,
+                    module = %module,
+                    key = %key,
+                    from = "peer"
+                );
+                let reply = tracing::Instrument::instrument(
+                    self.call_local(&module, &key, message, timeout),
+                    span,
+                )
+                .await;
+                self.metrics.call_done(
+                    &module,
+                    crate::metrics::CallRoute::Peer,
+                    reply.is_ok(),
+                    started.elapsed(),
+                );
+                reply
             }
             PeerRequest::Cast {
                 module,
@@ -611,6 +654,8 @@ impl NodeShared {
         // Running guest code stops now, not after the sweep below (which is
         // O(live keys)): past the fence point the epoch callback interrupts
         // every `terminate` key, flagged or not (key.rs, `KeyProcess::start`).
+        let renewals = lock(&self.lease).take_renewal_counts();
+        self.metrics.fenced(cause, renewals);
         self.runtime.engine.increment_epoch();
         *lock(&self.leader_term) = None;
         lock(&self.unsure).clear();
@@ -764,6 +809,8 @@ pub struct Status {
     /// Time left before the fence point, in milliseconds (0 unless current).
     pub lease_remaining_ms: u128,
     /// The leader's term, if this node leads.
+    /// The lease time-to-live, in milliseconds (for lease bars).
+    pub lease_ttl_ms: u128,
     pub leader_term: Option<u64>,
     /// Partition table epoch known to this node.
     pub epoch: u64,
@@ -930,6 +977,7 @@ impl InstanceBuilder {
             stop_requested: watch::channel(false).0,
             cache: Mutex::new(CacheStore::new(cache_max_bytes)),
         });
+            metrics: crate::metrics::Metrics::new(),
         // Builder modules go through the module store like any deploy; then
         // the node loads everything the store has before it joins, so it
         // never owns a partition without its modules.
@@ -1003,6 +1051,12 @@ impl Instance {
     }
 
     /// Deploy (or replace) a module in the whole cluster, as `"anonymous"`
+    /// The state shared with the node's tasks (for the metrics and the
+    /// dashboard, which read it at request time).
+    pub(crate) fn shared(&self) -> &Arc<NodeShared> {
+        &self.shared
+    }
+
     /// (see [`Instance::deploy_as`]). Live keys of a replaced module finish
     /// on their version; new activations use the new one.
     ///
@@ -1017,7 +1071,7 @@ impl Instance {
         wasm: &[u8],
         options: ModuleOptions,
     ) -> Result<ModuleInfo> {
-        self.deploy_as(name, wasm.to_vec(), options, ANONYMOUS)
+        self.deploy_as(name, wasm.as_ref().to_vec(), options, ANONYMOUS)
             .await
     }
 
@@ -1110,6 +1164,7 @@ impl Instance {
             lease: state,
             lease_remaining_ms: remaining,
             leader_term: lock(&shared.leader_term).map(|t| t.0),
+            lease_ttl_ms: shared.config.lease_ttl.as_millis(),
             epoch: table.epoch(),
             partitions: table.partitions().get(),
             partitions_owned: table.count_owned_by(&shared.node_id),

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use crate::arbiter::{LeaseId, Member, Term};
 use crate::assignment::{orphan_assignment, rebalance_moves};
-use crate::lease::{Lease, LeaseStatus, LeaseTiming, Renewal};
+use crate::lease::{Lease, LeaseStatus, LeaseTiming, Renewal, RenewalCounts};
 use crate::ownership::{NodeId, OwnershipTable};
 use crate::partition::PartitionId;
 use crate::time::Instant;
@@ -212,6 +212,17 @@ impl Coordinator {
     /// [`Action::Fence`] and rejoins.
     pub fn fence_now(&mut self, now: Instant) {
         self.lease.fence_now(now);
+    }
+
+    /// The current lease's renewals so far (see [`Lease::renewal_counts`]).
+    pub fn renewal_counts(&self) -> RenewalCounts {
+        self.lease.renewal_counts()
+    }
+
+    /// Take the current lease's renewal counts (see
+    /// [`Lease::take_renewal_counts`]).
+    pub fn take_renewal_counts(&mut self) -> RenewalCounts {
+        self.lease.take_renewal_counts()
     }
 
     /// The lease held at the arbiter, once joined (until the fence).
