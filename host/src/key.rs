@@ -33,10 +33,10 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::error::{Error, Result};
-use crate::sandbox::PublishBucket;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
+use crate::sandbox::PublishBucket;
 
 /// Lock a std mutex, ignoring poisoning: every critical section here leaves
 /// the data consistent before it can panic.
