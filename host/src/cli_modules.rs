@@ -104,6 +104,9 @@ pub(crate) async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
         };
         query.push((k.to_owned(), v.to_owned()));
     }
+    // Refuse malformed options before uploading (the node checks them again,
+    // with its own limits).
+    fief::ModuleOptions::from_pairs(query.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let url = api_url(&args.node, &["v1", "modules", &args.module])?;
     let progress = Progress::new();
     let total = wasm.len() as u64;

@@ -327,6 +327,8 @@ async fn a_restarted_node_loads_its_modules_from_the_store_without_recompiling()
         .await
         .unwrap();
     assert!(!info.compile_cached);
+    // Give the lease back, so the restarted node (same id) joins at once.
+    first.leave(Duration::from_secs(10)).await.unwrap();
     first.shutdown().await;
 
     let second = Instance::builder(cached_config(cache.path()))
