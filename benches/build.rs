@@ -1,4 +1,4 @@
-//! Builds the `counter` example and the `spin` test guest from source for
+//! Builds the `counter` example and the `spin` and `hostile` test guests from source for
 //! `wasm32-wasip2`, with the same code as the tests' build script and into
 //! the same target directory, so the tests and the benchmarks share one guest
 //! build.
@@ -6,7 +6,7 @@
 include!("../tests/guest_build.rs");
 
 /// Guest packages the benchmarks need.
-const GUESTS: &[&str] = &["counter", "spin"];
+const GUESTS: &[&str] = &["counter", "spin", "hostile"];
 
 fn main() {
     println!("cargo:rerun-if-changed=../tests/guest_build.rs");

@@ -113,6 +113,9 @@ impl Row {
 #[derive(Default)]
 struct Report {
     rows: Vec<Row>,
+    /// A child process failed: the run exits with an error after the
+    /// table, so the CI smoke run catches a broken figure.
+    failed: bool,
 }
 
 impl Report {
@@ -510,6 +513,7 @@ fn in_child(report: &mut Report, job: &str) {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
         let why = tail.into_iter().rev().collect::<Vec<_>>().join(" / ");
+        report.failed = true;
         report.add(Row::new(
             format!("{job}: the child failed ({})", output.status),
             why.replace('\t', " "),
@@ -1170,4 +1174,8 @@ fn main() {
     }
     report.print();
     println!("\n(measured in {:.1} s)", started.elapsed().as_secs_f64());
+    if report.failed {
+        eprintln!("a figure's child process failed (see its row above)");
+        std::process::exit(1);
+    }
 }

@@ -212,9 +212,13 @@ impl NodeShared {
         version: u64,
     ) -> Result<CompiledModule> {
         let shared = self.clone();
-        tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
-            .await
-            .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))?
+        let compiled =
+            tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
+                .await
+                .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
+        self.metrics
+            .compiled(compiled.compile_cached, compiled.compile_time);
+        Ok(compiled)
     }
 
     /// Make `compiled` the version of `name` new activations use here.

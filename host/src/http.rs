@@ -15,6 +15,10 @@
 //! | `GET /v1/cache/{namespace}/{key}` | a cache entry: raw value, `ETag` = version; `404` if none |
 //! | `PUT /v1/cache/{namespace}/{key}?ttl=10s` | write (raw body); `If-Match` / `If-None-Match: *` for compare-and-set (`412` on conflict) |
 //! | `DELETE /v1/cache/{namespace}/{key}` | delete (`If-Match` honoured) |
+//! | `GET /metrics` | Prometheus metrics (OpenMetrics text, see [`crate::metrics`]); admin |
+//! | `GET /` | the live dashboard page (see [`crate::dashboard`]) |
+//! | `GET /v1/cluster` | the cluster as this node sees it ([`ClusterView`](crate::dashboard::ClusterView)); admin |
+//! | `GET /v1/cluster/events` | the same, as server-sent `snapshot` events every 500 ms; admin |
 //!
 //! With tokens configured ([`crate::auth`]), every request needs
 //! `Authorization: Bearer TOKEN` (`401 unauthorized` otherwise); a tenant's
@@ -89,6 +93,11 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/leave", post(leave))
         .route("/v1/limbo", get(limbo))
+        .route("/metrics", get(metrics))
+        .merge(
+            crate::dashboard::routes()
+                .route_layer(axum::middleware::from_fn(crate::auth::admin_only)),
+        )
         .route(
             "/v1/cache/{namespace}/{key}",
             get(cache_get).put(cache_put).delete(cache_delete),
@@ -292,6 +301,18 @@ async fn limbo(
             .is_some()
     });
     axum::Json(entries)
+}
+
+/// The node's metrics; they name every module, so not for a tenant.
+async fn metrics(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+) -> Result<impl IntoResponse, Error> {
+    who.require_admin("reading the metrics")?;
+    Ok((
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        instance.metrics_text().await,
+    ))
 }
 
 /// The node's status; a tenant sees only its own modules in it.

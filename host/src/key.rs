@@ -33,10 +33,10 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::error::{Error, Result};
-use crate::sandbox::PublishBucket;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
+use crate::sandbox::PublishBucket;
 
 /// Lock a std mutex, ignoring poisoning: every critical section here leaves
 /// the data consistent before it can panic.
@@ -730,6 +730,14 @@ impl ModuleSlot {
         lock(&self.keys).len()
     }
 
+    /// Messages waiting in the mailboxes of this module's live keys.
+    pub(crate) fn queued(&self) -> usize {
+        lock(&self.keys)
+            .values()
+            .map(|h| h.tx.max_capacity() - h.tx.capacity())
+            .sum()
+    }
+
     pub(crate) fn list(&self) -> Vec<LiveKey> {
         lock(&self.keys)
             .iter()
@@ -1194,6 +1202,7 @@ async fn run_key(
                 {
                     let process = held.insert(guard).as_mut().expect("checked above");
                     let _ = Box::pin(process.terminate(&StopReason::Idle)).await;
+                    node.metrics.killed(&slot.name, "idle");
                     break Exit::Stopped;
                 }
                 continue;
@@ -1268,6 +1277,16 @@ async fn run_key(
         Exit::Died(why) => why.clone(),
         Exit::Stopped => "the key stopped".to_owned(),
     };
+    match &exit {
+        Exit::Killed => node.metrics.killed(
+            &slot.name,
+            crate::metrics::kill_cause(control.reason().as_deref(), None),
+        ),
+        Exit::Died(why) => node
+            .metrics
+            .killed(&slot.name, crate::metrics::kill_cause(None, Some(why))),
+        Exit::Stopped => {}
+    }
     match &exit {
         Exit::Killed => {
             tracing::info!(module = %slot.name, key = %key, reason = %why, "key killed")

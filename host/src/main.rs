@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use fief::{Instance, ModuleOptions, NodeConfig};
 
 mod cli_modules;
+mod cli_status;
 
 /// Fief: WebAssembly key processes with strict single ownership.
 #[derive(Parser)]
@@ -49,8 +50,9 @@ enum Command {
     Call(KeyArgs),
     /// Send a key a one-way message.
     Cast(KeyArgs),
-    /// Show a node's status.
-    Status(StatusArgs),
+    /// Show a node's view of its cluster: nodes, leases, leader, partitions,
+    /// limbo, modules (`--json` for scripts, `--watch` to refresh).
+    Status(cli_status::StatusArgs),
     /// Make a node leave its cluster gracefully (its keys hand off), then stop.
     Leave(NodeUrl),
     /// List the survivors in a node's limbo.
@@ -134,8 +136,23 @@ impl CacheExpectArgs {
         }
     }
 }
+/// How `fief node` writes its log (to stderr).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, with the spans it happened in (a call's
+    /// `call`/`serve` span names the module and key).
+    Json,
+}
+
 
 #[derive(Args)]
+    /// Log format: `text` or `json`. The level comes from `RUST_LOG`
+    /// (default `info`), e.g. `RUST_LOG=fief=debug`.
+    #[arg(long, env = "FIEF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 struct NodeArgs {
     /// A TOML file with node settings (the keys of `NodeConfig`).
     #[arg(long, env = "FIEF_CONFIG")]
@@ -275,13 +292,22 @@ struct StatusArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    match &cli.command {
+        Command::Node(args) if args.log_format == LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        _ => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -310,7 +336,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Undeploy(args) => cli_modules::undeploy(args).await,
         Command::Call(args) => call(args, "call").await,
         Command::Cast(args) => call(args, "cast").await,
-        Command::Status(args) => status(args).await,
+        Command::Status(args) => cli_status::run(args).await,
         Command::Leave(args) => leave(args).await,
         Command::Limbo(args) => limbo(args).await,
         Command::Cache(command) => cache(command).await,
@@ -471,6 +497,9 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
                 }
             }
             () = stop.stop_requested() => {}
+        // Ends the dashboard's event streams, which would otherwise hold
+        // the graceful shutdown open.
+        stop.request_stop();
         }
     };
     let options = fief::http::ApiOptions { auth, tls };
@@ -707,73 +736,5 @@ async fn leave(args: NodeUrl) -> anyhow::Result<()> {
     let url = format!("{}/v1/leave", args.node.trim_end_matches('/'));
     send(&args.node, client().post(&url)).await?;
     println!("the node left the cluster and is stopping");
-    Ok(())
-}
-
-async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let status = get_json(&args.node, "/v1/status").await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
-        return Ok(());
-    }
-    println!(
-        "node {} (namespace {})",
-        status["node_id"].as_str().unwrap_or("?"),
-        status["namespace"].as_str().unwrap_or("?")
-    );
-    println!(
-        "  lease: {} ({} ms to fence point), fences so far: {}",
-        status["lease"].as_str().unwrap_or("?"),
-        status["lease_remaining_ms"],
-        status["fences"]
-    );
-    println!(
-        "  partitions: {} of {} owned, table epoch {}, leader term {}",
-        status["partitions_owned"], status["partitions"], status["epoch"], status["leader_term"]
-    );
-    for node in status["nodes"].as_array().into_iter().flatten() {
-        println!(
-            "  node {:<12} {:<22} {:>6} partitions, lease {:>5} ms left{}{}",
-            node["id"].as_str().unwrap_or("?"),
-            node["peer_addr"].as_str().unwrap_or("-"),
-            node["partitions"],
-            node["lease_remaining_ms"],
-            if node["leader"].as_bool() == Some(true) {
-                ", leader"
-            } else {
-                ""
-            },
-            if node["leaving"].as_bool() == Some(true) {
-                ", leaving"
-            } else {
-                ""
-            },
-        );
-    }
-    println!(
-        "  live keys: {}, topics: {}",
-        status["live_keys"], status["topics"]
-    );
-    let cache = &status["cache"];
-    println!(
-        "  cache: {} entries, {} of {} bytes; {} hits, {} misses, {} evictions, {} dropped at ownership changes",
-        cache["entries"],
-        cache["bytes"],
-        cache["max_bytes"],
-        cache["hits"],
-        cache["misses"],
-        cache["evictions"],
-        cache["ownership_drops"]
-    );
-    for module in status["modules"].as_array().into_iter().flatten() {
-        println!(
-            "  module {} v{}: {} live keys, {} bytes, on_fence {}",
-            module["name"].as_str().unwrap_or("?"),
-            module["version"],
-            module["live_keys"],
-            module["size_bytes"],
-            module["options"]["on_fence"].as_str().unwrap_or("?")
-        );
-    }
     Ok(())
 }

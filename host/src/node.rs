@@ -17,8 +17,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use fief_core::assignment::{orphan_assignment, rebalance_moves};
-use fief_core::{Lease, LeaseStatus, NodeId, OwnershipTable, PartitionId, Route, RouteRefusal};
+use fief_core::coordinator::{Action, Reply, Request, gained_partitions, lost};
+use fief_core::{
+    Coordinator, LeaseStatus, NodeId, OwnershipTable, PartitionId, Route, RouteRefusal,
+};
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
@@ -52,7 +54,9 @@ pub(crate) struct NodeShared {
     pub(crate) members: RwLock<BTreeMap<NodeId, Member>>,
     pub(crate) peers: PeerPool,
     peer_addr: Option<String>,
-    lease: Mutex<Lease>,
+    /// The coordination state machine: the lease (routing and the gate read
+    /// its status) and the coordination round in progress.
+    lease: Mutex<Coordinator>,
     leader_term: Mutex<Option<Term>>,
     table: RwLock<OwnershipTable>,
     pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
@@ -67,6 +71,9 @@ pub(crate) struct NodeShared {
     lease_id: Mutex<Option<LeaseId>>,
     /// Partitions being handed off: owned, but not served.
     draining: Mutex<BTreeSet<PartitionId>>,
+    /// Partitions whose transfer failed with its outcome unknown, with when
+    /// it failed: not served until a table read sent later settles them.
+    unsure: Mutex<BTreeMap<PartitionId, fief_core::Instant>>,
     /// Handoff states received for keys this node may soon own, with when
     /// they arrived; unclaimed ones are dropped after two lease TTLs.
     pending_handoff: Mutex<PendingHandoffs>,
@@ -85,6 +92,8 @@ pub(crate) struct NodeShared {
     stop_requested: watch::Sender<bool>,
     /// The coherent cache's entries this node holds as owner.
     pub(crate) cache: Mutex<CacheStore>,
+    /// Counters and histograms for `GET /metrics`.
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 /// Handoff states waiting for their key's activation: (module, key) →
@@ -97,6 +106,9 @@ pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;
 impl NodeShared {
     /// Report a key life event to the observer, if there is one.
     pub(crate) fn observe(&self, module: &str, key: &str, event: KeyLifeEvent) {
+        if event == KeyLifeEvent::Started {
+            self.metrics.activated(module);
+        }
         if let Some(observer) = &self.observer {
             observer(KeyLife {
                 node: self.node_id.to_string(),
@@ -134,7 +146,12 @@ impl NodeShared {
         lock(&self.lease).status(self.clock.now())
     }
 
-    fn table(&self) -> std::sync::RwLockReadGuard<'_, OwnershipTable> {
+    /// Renewals the current lease has settled (for the metrics).
+    pub(crate) fn renewal_counts(&self) -> fief_core::RenewalCounts {
+        lock(&self.lease).renewal_counts()
+    }
+
+    pub(crate) fn table(&self) -> std::sync::RwLockReadGuard<'_, OwnershipTable> {
         self.table
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -174,7 +191,10 @@ impl NodeShared {
     pub(crate) fn route(&self, key: &str) -> Route {
         let route = self.table().route(&self.node_id, self.lease_status(), key);
         match route {
-            Route::Local { partition, .. } if lock(&self.draining).contains(&partition) => {
+            Route::Local { partition, .. }
+                if lock(&self.draining).contains(&partition)
+                    || lock(&self.unsure).contains_key(&partition) =>
+            {
                 Route::Refuse(RouteRefusal::Unowned(partition))
             }
             route => route,
@@ -258,11 +278,15 @@ impl NodeShared {
             let addr = self.peer_addr_of(&to)?;
             lock(&self.draining).extend(partitions.iter().copied());
             let entries = self.stop_for_handoff(&partitions).await;
+            // Once the transfer is sent, a failure leaves its outcome
+            // unknown: the arbiter may have committed it, its answer lost.
+            let mut transfer_sent = false;
             let handed = async {
                 let request = PeerRequest::Handoff {
                     entries: entries.clone(),
                 };
                 self.peers.request(&addr, request, limit).await?;
+                transfer_sent = true;
                 let changes = partitions.iter().map(|p| (*p, to.clone())).collect();
                 bounded(
                     limit,
@@ -274,16 +298,27 @@ impl NodeShared {
             .await;
             match handed {
                 Ok(table) => {
-                    self.table
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .update_from(&table);
-                    self.drop_unowned_cache();
+                    // Adopted only under the lease the move was made under
+                    // (after a fence, and maybe a rejoin, it is not this
+                    // node's table), and like any adoption: survivors of
+                    // partitions it gains are reaped first (found by the
+                    // simulation).
+                    if *lock(&self.lease_id) == Some(lease) {
+                        self.adopt_table(table).await;
+                    }
                     tracing::info!(node = %self.node_id, to = %to, partitions = partitions.len(), keys = entries.len(), "partitions handed off");
                     let _ = self.peers.request(&addr, PeerRequest::Nudge, limit).await;
                 }
                 Err(e) => {
                     tracing::warn!(node = %self.node_id, to = %to, error = %e, "handoff failed; keeping the partitions");
+                    if transfer_sent {
+                        // Not served again until a table read sent after
+                        // now says whose they are (found by the simulation:
+                        // serving them at once double-owns them when the
+                        // transfer did commit).
+                        let now = self.clock.now();
+                        lock(&self.unsure).extend(partitions.iter().map(|p| (*p, now)));
+                    }
                     let now = std::time::Instant::now();
                     let mut pending = lock(&self.pending_handoff);
                     for entry in entries {
@@ -349,16 +384,30 @@ impl NodeShared {
     ) -> Result<Vec<u8>> {
         self.check_message(&message)?;
         validate_key(key)?;
-        let request = || PeerRequest::Call {
-            module: module.to_owned(),
-            key: key.to_owned(),
-            message: message.clone(),
-            timeout_ms: timeout.as_millis() as u64,
-        };
-        match self.forward(key, request, timeout).await {
-            Some(reply) => reply,
-            None => self.call_local(module, key, message, timeout).await,
-        }
+        let started = std::time::Instant::now();
+        let span = tracing::debug_span!("call", node = %self.node_id, module, key);
+        let (reply, route) = tracing::Instrument::instrument(
+            async {
+                let request = || PeerRequest::Call {
+                    module: module.to_owned(),
+                    key: key.to_owned(),
+                    message: message.clone(),
+                    timeout_ms: timeout.as_millis() as u64,
+                };
+                match self.forward(key, request, timeout).await {
+                    Some(reply) => (reply, crate::metrics::CallRoute::Routed),
+                    None => (
+                        self.call_local(module, key, message, timeout).await,
+                        crate::metrics::CallRoute::Local,
+                    ),
+                }
+            },
+            span,
+        )
+        .await;
+        self.metrics
+            .call_done(module, route, reply.is_ok(), started.elapsed());
+        reply
     }
 
     /// Send `request` to the owner of `key` if another node owns it, and
@@ -399,23 +448,26 @@ impl NodeShared {
     /// for one key.
     async fn refresh_table(&self) -> bool {
         let limit = self.config.renew_interval;
+        let lease = *lock(&self.lease_id);
         let Ok(newer) = bounded(limit, self.arbiter.table(&self.config.namespace)).await else {
             return false;
         };
-        let gained: BTreeSet<PartitionId> = {
-            let old = self.table();
-            if newer.epoch() <= old.epoch() {
-                return false;
-            }
-            newer
-                .iter()
-                .filter(|(p, owner)| {
-                    owner.is_some_and(|a| a.node == self.node_id)
-                        && old.owner(*p).is_none_or(|a| a.node != self.node_id)
-                })
-                .map(|(p, _)| p)
-                .collect()
+        // Only under the lease it was read under: a table read across a
+        // fence lists partitions of the old lease.
+        if lease.is_none() || *lock(&self.lease_id) != lease {
+            return false;
+        }
+        self.adopt_table(newer).await
+    }
+
+    /// Adopt `newer` if it is newer than this node's copy (the decisions
+    /// are `fief_core::coordinator`'s: which partitions are gained, which
+    /// keys are lost). Returns whether it changed.
+    async fn adopt_table(&self, newer: OwnershipTable) -> bool {
+        let Some(gained) = gained_partitions(&self.table(), &newer, &self.node_id) else {
+            return false;
         };
+
         if !gained.is_empty() {
             let reaped = self.limbo.reap(gained).await;
             if reaped > 0 {
@@ -517,7 +569,26 @@ impl NodeShared {
             } => {
                 self.check_message(&message)?;
                 let timeout = Duration::from_millis(timeout_ms).min(self.config.call_timeout);
-                self.call_local(&module, &key, message, timeout).await
+                let started = std::time::Instant::now();
+                let span = tracing::debug_span!(
+                    "serve",
+                    node = %self.node_id,
+                    module = %module,
+                    key = %key,
+                    from = "peer"
+                );
+                let reply = tracing::Instrument::instrument(
+                    self.call_local(&module, &key, message, timeout),
+                    span,
+                )
+                .await;
+                self.metrics.call_done(
+                    &module,
+                    crate::metrics::CallRoute::Peer,
+                    reply.is_ok(),
+                    started.elapsed(),
+                );
+                reply
             }
             PeerRequest::Cast {
                 module,
@@ -583,8 +654,11 @@ impl NodeShared {
         // Running guest code stops now, not after the sweep below (which is
         // O(live keys)): past the fence point the epoch callback interrupts
         // every `terminate` key, flagged or not (key.rs, `KeyProcess::start`).
+        let renewals = lock(&self.lease).take_renewal_counts();
+        self.metrics.fenced(cause, renewals);
         self.runtime.engine.increment_epoch();
         *lock(&self.leader_term) = None;
+        lock(&self.unsure).clear();
         // Forget the table: after a rejoin every partition this node gets is
         // initialized anew (and its survivors reaped first).
         *self
@@ -633,9 +707,7 @@ impl NodeShared {
         let me = &self.node_id;
         let mut killed = 0;
         for slot in self.slots() {
-            killed += slot.kill_where("the partition moved to another node", |p| {
-                table.owner(p).is_none_or(|a| &a.node != me)
-            });
+            killed += slot.kill_where("the partition moved to another node", |p| lost(table, me, p));
         }
         if killed > 0 {
             self.runtime.engine.increment_epoch();
@@ -737,6 +809,8 @@ pub struct Status {
     /// Time left before the fence point, in milliseconds (0 unless current).
     pub lease_remaining_ms: u128,
     /// The leader's term, if this node leads.
+    /// The lease time-to-live, in milliseconds (for lease bars).
+    pub lease_ttl_ms: u128,
     pub leader_term: Option<u64>,
     /// Partition table epoch known to this node.
     pub epoch: u64,
@@ -869,7 +943,7 @@ impl InstanceBuilder {
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
             table: RwLock::new(OwnershipTable::new(config.partition_count())),
-            lease: Mutex::new(Lease::new(timing)),
+            lease: Mutex::new(Coordinator::new(timing)),
             peers: PeerPool::new(
                 &config.namespace,
                 &config.node_id,
@@ -893,6 +967,7 @@ impl InstanceBuilder {
             events: self.events,
             lease_id: Mutex::new(None),
             draining: Mutex::new(BTreeSet::new()),
+            unsure: Mutex::new(BTreeMap::new()),
             pending_handoff: Mutex::new(HashMap::new()),
             moving: tokio::sync::Mutex::new(()),
             leaving: std::sync::atomic::AtomicBool::new(false),
@@ -902,6 +977,7 @@ impl InstanceBuilder {
             stop_requested: watch::channel(false).0,
             cache: Mutex::new(CacheStore::new(cache_max_bytes)),
         });
+            metrics: crate::metrics::Metrics::new(),
         // Builder modules go through the module store like any deploy; then
         // the node loads everything the store has before it joins, so it
         // never owns a partition without its modules.
@@ -975,6 +1051,12 @@ impl Instance {
     }
 
     /// Deploy (or replace) a module in the whole cluster, as `"anonymous"`
+    /// The state shared with the node's tasks (for the metrics and the
+    /// dashboard, which read it at request time).
+    pub(crate) fn shared(&self) -> &Arc<NodeShared> {
+        &self.shared
+    }
+
     /// (see [`Instance::deploy_as`]). Live keys of a replaced module finish
     /// on their version; new activations use the new one.
     ///
@@ -1082,6 +1164,7 @@ impl Instance {
             lease: state,
             lease_remaining_ms: remaining,
             leader_term: lock(&shared.leader_term).map(|t| t.0),
+            lease_ttl_ms: shared.config.lease_ttl.as_millis(),
             epoch: table.epoch(),
             partitions: table.partitions().get(),
             partitions_owned: table.count_owned_by(&shared.node_id),
@@ -1169,10 +1252,13 @@ impl Instance {
             }
         }
         self.coordination.abort();
+        // Stop serving before the release: once released, the arbiter lets
+        // others take whatever this node still owns (found by the
+        // simulation, when a leave found no other node to hand off to).
+        lock(&shared.lease).fence_now(shared.clock.now());
         bounded(limit, shared.arbiter.release(ns, &shared.node_id, lease))
             .await
             .map_err(arbiter_error)?;
-        lock(&shared.lease).fence_now(shared.clock.now());
         tracing::info!(node = %shared.node_id, "left the cluster");
         Ok(())
     }
@@ -1367,153 +1453,149 @@ async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
     }
 }
 
-/// The coordination loop: join (register a lease), then renew, lead, follow
-/// the table, and fence at the fence point; after a fence, rejoin.
+/// The coordination loop: a thin driver of `fief_core`'s [`Coordinator`].
+/// It carries out the coordinator's actions (one arbiter request at a
+/// time, fences, table adoption, graceful moves) and ticks it at the
+/// instant it asks for (the fence point, a request's deadline, the next
+/// renewal). Every decision — when to renew, when to fence, what the
+/// leader writes, which partitions move — is the coordinator's, so the
+/// deterministic simulation (`fief_core::sim`) checks the code that runs
+/// here.
 async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
     let ns = shared.config.namespace.clone();
-    let renew_interval = shared.config.renew_interval;
+    let mut actions = lock(&shared.lease).on_tick(shared.clock.now());
     loop {
-        let lease_id = join(&shared, &ns).await;
-        *lock(&shared.lease_id) = Some(lease_id);
-        shared
-            .fenced_this_lease
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-        loop {
-            assert!(
-                !shared
-                    .coordination_crash
-                    .load(std::sync::atomic::Ordering::SeqCst),
-                "coordination crash injected"
-            );
-            let status = lock(&shared.lease).status(shared.clock.now());
-            let LeaseStatus::Current { fence_point } = status else {
-                shared.fence("the lease could not be renewed before the fence point");
-                break;
-            };
-            // Everything a round does races the fence point: a slow or
-            // silent arbiter can delay a renewal, never the fence.
-            let round = async {
-                if shared.clock.now() >= lock(&shared.lease).next_renewal_at()
-                    && let Err(ArbiterError::LeaseExpired(_)) =
-                        renew(&shared, &ns, lease_id, renew_interval).await
-                {
-                    return Round::Expired;
+        assert!(
+            !shared
+                .coordination_crash
+                .load(std::sync::atomic::Ordering::SeqCst),
+            "coordination crash injected"
+        );
+        let mut request = None;
+        for action in std::mem::take(&mut actions) {
+            match action {
+                Action::Send { id, request: r } => request = Some((id, r)),
+                Action::LeaseGranted(id) => {
+                    *lock(&shared.lease_id) = Some(id);
+                    shared
+                        .fenced_this_lease
+                        .store(false, std::sync::atomic::Ordering::SeqCst);
+                    tracing::info!(node = %shared.node_id, lease = id.0, "lease granted");
+                    shared.report(
+                        std::time::Instant::now(),
+                        NodeEventKind::LeaseGranted { lease: id.0 },
+                    );
                 }
-                sync_table(&shared, &ns, lease_id).await;
-                ready.send_replace(true);
-                let next_renewal = lock(&shared.lease).next_renewal_at();
+                Action::Fence { cause } => {
+                    shared.fence(cause);
+                    *lock(&shared.lease_id) = None;
+                }
+                Action::Leader(term) => *lock(&shared.leader_term) = term,
+                Action::Members(members) => {
+                    *shared
+                        .members
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        members.into_iter().map(|m| (m.node.clone(), m)).collect();
+                }
+                Action::AdoptTable { table, asked_at } => {
+                    // Adoption may reap survivors; it races the fence too.
+                    let fence_point = lock(&shared.lease).fence_point();
+                    let fence_point = fence_point.unwrap_or(fief_core::Instant::ZERO);
+                    tokio::select! {
+                        biased;
+                        () = shared.clock.sleep_until(fence_point) => {}
+                        _ = shared.adopt_table(table) => {}
+                    }
+                    // A read sent after a transfer failed settles it.
+                    lock(&shared.unsure).retain(|_, failed| *failed >= asked_at);
+                }
+                Action::StartMoves(by_owner) => start_moves(&shared, by_owner),
+                Action::Ready => {
+                    ready.send_replace(true);
+                }
+            }
+        }
+        let wake = lock(&shared.lease).wake_at();
+        actions = match request {
+            Some((id, request)) => {
+                let reply = tokio::select! {
+                    biased;
+                    () = shared.clock.sleep_until(wake) => None,
+                    reply = ask_arbiter(&shared, &ns, request) => Some(reply),
+                };
+                let now = shared.clock.now();
+                match reply {
+                    Some(reply) => lock(&shared.lease).on_reply(now, id, reply),
+                    None => lock(&shared.lease).on_tick(now),
+                }
+            }
+            None => {
                 tokio::select! {
-                    () = shared.clock.sleep_until(next_renewal) => {}
-                    () = shared.sync_now.notified() => {}
+                    () = shared.clock.sleep_until(wake) => {}
+                    () = shared.sync_now.notified() => lock(&shared.lease).nudge(),
                 }
-                Round::Again
-            };
-            let outcome = tokio::select! {
-                biased;
-                () = shared.clock.sleep_until(fence_point) => Round::FencePoint,
-                outcome = round => outcome,
-            };
-            match outcome {
-                Round::Again => {}
-                // The fence point read before the round may have moved: a
-                // renewal during the round succeeded. Fence only if it holds.
-                Round::FencePoint
-                    if lock(&shared.lease).status(shared.clock.now()).is_current() => {}
-                Round::FencePoint => {
-                    shared.fence("the lease could not be renewed before the fence point");
-                    break;
-                }
-                Round::Expired => {
-                    shared.fence("the arbiter says the lease expired");
-                    break;
-                }
+                lock(&shared.lease).on_tick(shared.clock.now())
+            }
+        };
+    }
+}
+
+/// Carry one coordinator request to the arbiter; its answer as the
+/// coordinator reads it. (The coordinator bounds the wait.)
+async fn ask_arbiter(shared: &NodeShared, ns: &str, request: Request) -> Reply {
+    let arbiter = &shared.arbiter;
+    let node = &shared.node_id;
+    let failed = |what: &str, e: ArbiterError| {
+        match what {
+            "join" | "renew" => tracing::warn!(node = %node, error = %e, "{what} failed"),
+            _ => tracing::debug!(node = %node, error = %e, "{what} failed"),
+        }
+        match e {
+            ArbiterError::LeaseExpired(_) => Reply::LeaseExpired,
+            e => Reply::Failed(e.to_string()),
+        }
+    };
+    match request {
+        Request::Register => {
+            let ttl = shared.config.lease_ttl;
+            match arbiter
+                .register(ns, node, ttl, shared.peer_addr.as_deref())
+                .await
+            {
+                Ok(id) => Reply::Registered(id),
+                Err(e) => failed("join", e),
             }
         }
-        *lock(&shared.lease_id) = None;
-        // Rejoin with a fresh lease.
-        let timing = *lock(&shared.lease).timing();
-        *lock(&shared.lease) = Lease::new(timing);
-    }
-}
-
-/// How one round of the coordination loop ended.
-enum Round {
-    /// Renewed (or not yet due) and synced; go on.
-    Again,
-    /// The fence point came first.
-    FencePoint,
-    /// The arbiter refused the renewal: the lease is gone.
-    Expired,
-}
-
-/// Register a fresh lease, retrying every renewal interval.
-async fn join(shared: &NodeShared, ns: &str) -> LeaseId {
-    loop {
-        let renewal = lock(&shared.lease).begin_renewal(shared.clock.now());
-        let attempt = tokio::time::timeout(
-            shared.config.renew_interval,
-            shared.arbiter.register(
-                ns,
-                &shared.node_id,
-                shared.config.lease_ttl,
-                shared.peer_addr.as_deref(),
-            ),
-        )
-        .await;
-        match attempt {
-            Ok(Ok(id)) => {
-                lock(&shared.lease).renewal_succeeded(renewal, shared.clock.now());
-                tracing::info!(node = %shared.node_id, lease = id.0, "lease granted");
-                shared.report(
-                    std::time::Instant::now(),
-                    NodeEventKind::LeaseGranted { lease: id.0 },
-                );
-                return id;
+        Request::Renew(lease) => match arbiter.renew(ns, node, lease).await {
+            Ok(()) => Reply::Renewed,
+            Err(e) => failed("renew", e),
+        },
+        Request::Campaign(lease) => match arbiter.campaign(ns, node, lease).await {
+            Ok(term) => Reply::Campaign(term),
+            Err(e) => failed("campaign", e),
+        },
+        Request::LiveNodes => match arbiter.live_nodes(ns).await {
+            Ok(members) => Reply::Members(members),
+            Err(e) => failed("reading the members", e),
+        },
+        Request::Table => match arbiter.table(ns).await {
+            Ok(table) => Reply::Table(table),
+            Err(e) => failed("reading the table", e),
+        },
+        Request::WriteTable(term, changes) => match arbiter.write_table(ns, term, changes).await {
+            Ok(table) => Reply::Table(table),
+            Err(e) => {
+                tracing::warn!(node = %node, error = %e, "table change refused");
+                failed("writing the table", e)
             }
-            Ok(Err(e)) => tracing::warn!(node = %shared.node_id, error = %e, "cannot join"),
-            Err(_) => {
-                tracing::warn!(node = %shared.node_id, "cannot join: the arbiter did not answer")
-            }
-        }
-        let retry_at = shared.clock.now() + shared.config.renew_interval;
-        shared.clock.sleep_until(retry_at).await;
+        },
     }
 }
 
-/// Renew the lease once; the fence point moves only on success.
-async fn renew(
-    shared: &NodeShared,
-    ns: &str,
-    lease_id: LeaseId,
-    limit: Duration,
-) -> Result<(), ArbiterError> {
-    let renewal = lock(&shared.lease).begin_renewal(shared.clock.now());
-    let answer = tokio::time::timeout(limit, shared.arbiter.renew(ns, &shared.node_id, lease_id))
-        .await
-        .unwrap_or_else(|_| Err(ArbiterError::Unreachable("no answer in time".to_owned())));
-    match &answer {
-        Ok(()) => {
-            lock(&shared.lease).renewal_succeeded(renewal, shared.clock.now());
-        }
-        Err(e) => tracing::warn!(node = %shared.node_id, error = %e, "lease renewal failed"),
-    }
-    answer
-}
-
-/// Most graceful moves the leader starts per round.
-const MOVES_PER_ROUND: usize = 256;
-
-/// As leader: ask owners above their fair share (or leaving) to hand
-/// partitions to nodes below it. Each owner moves its own partitions.
-fn rebalance(shared: &Arc<NodeShared>, table: &OwnershipTable, targets: &[NodeId]) {
-    let moves = rebalance_moves(table, targets, MOVES_PER_ROUND);
-    let mut by_owner: BTreeMap<NodeId, Vec<(PartitionId, NodeId)>> = BTreeMap::new();
-    for m in moves {
-        by_owner
-            .entry(m.from)
-            .or_default()
-            .push((m.partition, m.to));
-    }
+/// As leader: ask each owner to hand the listed partitions to the listed
+/// nodes (the coordinator's graceful moves). Each owner moves its own.
+fn start_moves(shared: &Arc<NodeShared>, by_owner: Vec<(NodeId, Vec<(PartitionId, NodeId)>)>) {
     for (owner, moves) in by_owner {
         let node = shared.clone();
         tokio::spawn(async move {
@@ -1550,51 +1632,4 @@ async fn bounded<T>(
     tokio::time::timeout(limit, f)
         .await
         .unwrap_or_else(|_| Err(ArbiterError::Unreachable("no answer in time".to_owned())))
-}
-
-/// Lead if possible (give orphaned partitions to live nodes), then adopt the
-/// arbiter's table and kill keys of partitions this node lost. Every arbiter
-/// call is bounded by the renewal interval, so a hung arbiter cannot hold the
-/// loop past the next fence check.
-async fn sync_table(shared: &Arc<NodeShared>, ns: &str, lease_id: LeaseId) {
-    let arbiter = &shared.arbiter;
-    let limit = shared.config.renew_interval;
-    match bounded(limit, arbiter.campaign(ns, &shared.node_id, lease_id)).await {
-        Ok(Some(term)) => {
-            *lock(&shared.leader_term) = Some(term);
-            if let (Ok(members), Ok(table)) = (
-                bounded(limit, arbiter.live_nodes(ns)).await,
-                bounded(limit, arbiter.table(ns)).await,
-            ) {
-                let targets: Vec<NodeId> = members
-                    .iter()
-                    .filter(|m| !m.leaving)
-                    .map(|m| m.node.clone())
-                    .collect();
-                let live: Vec<NodeId> = members.iter().map(|m| m.node.clone()).collect();
-                let changes = orphan_assignment(&table, &live, &targets);
-                let table = if changes.is_empty() {
-                    Ok(table)
-                } else {
-                    bounded(limit, arbiter.write_table(ns, term, changes)).await
-                };
-                match table {
-                    Ok(table) => rebalance(shared, &table, &targets),
-                    Err(e) => {
-                        tracing::warn!(node = %shared.node_id, error = %e, "table change refused")
-                    }
-                }
-            }
-        }
-        Ok(None) => *lock(&shared.leader_term) = None,
-        Err(e) => tracing::debug!(node = %shared.node_id, error = %e, "campaign failed"),
-    }
-    if let Ok(members) = bounded(limit, arbiter.live_nodes(ns)).await {
-        *shared
-            .members
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            members.into_iter().map(|m| (m.node.clone(), m)).collect();
-    }
-    shared.refresh_table().await;
 }

@@ -229,6 +229,24 @@ pub struct Lease {
     last_good_send: Option<Instant>,
     last_attempt: Option<Instant>,
     fenced_at: Option<Instant>,
+    /// Renewals settled so far (for metrics).
+    renewals: RenewalCounts,
+    /// A renewal was sent and has not succeeded yet.
+    outstanding: bool,
+    /// Test-only fault (the simulation's mutation check): fence at
+    /// `sent + ttl`, without the margin. False in every real build.
+    fence_at_ttl: bool,
+}
+
+/// How many renewals (the registration included) a [`Lease`] has seen
+/// settle: accepted by the arbiter before the fence point, or failed (never
+/// answered well before the next attempt or the fence, or answered too late).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenewalCounts {
+    /// Renewals the arbiter accepted in time.
+    pub ok: u64,
+    /// Renewals that failed, timed out or came back after the fence point.
+    pub failed: u64,
 }
 
 impl Lease {
@@ -239,7 +257,17 @@ impl Lease {
             last_good_send: None,
             last_attempt: None,
             fenced_at: None,
+            renewals: RenewalCounts::default(),
+            outstanding: false,
+            fence_at_ttl: false,
         }
+    }
+
+    /// Mutation for the simulation's checker test: fence at `sent + ttl`
+    /// instead of `sent + ttl - margin`. Never used outside tests.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn mutate_fence_at_ttl(&mut self) {
+        self.fence_at_ttl = true;
     }
 
     /// The timing this lease runs under.
@@ -250,6 +278,10 @@ impl Lease {
     /// Record that a renewal (or the initial registration) is being sent now.
     pub fn begin_renewal(&mut self, now: Instant) -> Renewal {
         self.last_attempt = Some(now);
+        if std::mem::replace(&mut self.outstanding, true) {
+            // The previous renewal never succeeded: it failed.
+            self.renewals.failed += 1;
+        }
         Renewal { sent_at: now }
     }
 
@@ -263,6 +295,9 @@ impl Lease {
         if matches!(status, LeaseStatus::Fenced { .. }) {
             return status;
         }
+        if std::mem::replace(&mut self.outstanding, false) {
+            self.renewals.ok += 1;
+        }
         let newer = self.last_good_send.is_none_or(|t| renewal.sent_at > t);
         if newer {
             self.last_good_send = Some(renewal.sent_at);
@@ -272,8 +307,13 @@ impl Lease {
 
     /// The fence point of the lease as it stands, if any renewal succeeded.
     pub fn fence_point(&self) -> Option<Instant> {
+        let margin = if self.fence_at_ttl {
+            Duration::ZERO
+        } else {
+            self.timing.fence_margin
+        };
         self.last_good_send
-            .map(|sent| sent + self.timing.lease_ttl - self.timing.fence_margin)
+            .map(|sent| sent + self.timing.lease_ttl - margin)
     }
 
     /// When the next renewal should be sent.
@@ -299,6 +339,21 @@ impl Lease {
         }
     }
 
+    /// Renewals settled so far; one still in flight is in neither count.
+    pub fn renewal_counts(&self) -> RenewalCounts {
+        self.renewals
+    }
+
+    /// Take the renewal counts (a renewal still in flight counts as failed:
+    /// the lease is being given up) and start again from zero. The node
+    /// calls this when it fences, before it replaces the lease.
+    pub fn take_renewal_counts(&mut self) -> RenewalCounts {
+        if std::mem::replace(&mut self.outstanding, false) {
+            self.renewals.failed += 1;
+        }
+        std::mem::take(&mut self.renewals)
+    }
+
     /// Fence now, whatever the timing says (the node's coordination crashed,
     /// or an operator asked). Terminal.
     pub fn fence_now(&mut self, now: Instant) {
@@ -314,6 +369,27 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn renewals_are_counted_ok_or_failed() {
+        let mut lease = Lease::new(LeaseTiming::default());
+        let t0 = Instant::ZERO;
+        let first = lease.begin_renewal(t0);
+        lease.renewal_succeeded(first, t0 + ms(10));
+        // Sent, never answered, superseded by the next attempt: failed.
+        let _lost = lease.begin_renewal(t0 + ms(1000));
+        let third = lease.begin_renewal(t0 + ms(2000));
+        lease.renewal_succeeded(third, t0 + ms(2010));
+        assert_eq!(lease.renewal_counts(), RenewalCounts { ok: 2, failed: 1 });
+        // One in flight when the lease is given up counts as failed.
+        let _in_flight = lease.begin_renewal(t0 + ms(3000));
+        assert_eq!(lease.take_renewal_counts(), RenewalCounts { ok: 2, failed: 2 });
+        assert_eq!(lease.renewal_counts(), RenewalCounts::default());
+        // An answer after the fence point is a failure too.
+        let late = lease.begin_renewal(t0 + ms(3500));
+        lease.renewal_succeeded(late, t0 + ms(9000));
+        assert_eq!(lease.take_renewal_counts(), RenewalCounts { ok: 0, failed: 1 });
     }
 
     #[test]

@@ -17,18 +17,31 @@
 //! - [`partition`]: the stable key → partition hash, identical in every language.
 //! - [`ownership`]: the partition table (partition → owner, epoch, ownership
 //!   token) and the routing decision for one key.
+//! - [`assignment`]: the leader's decisions (orphans, graceful moves).
+//! - [`coordinator`]: the coordination loop as a state machine (join, renew,
+//!   lead, follow the table, fence), driven by the node or the simulation.
+//! - [`arbiter`]: the embedded arbiter's state (leases on the arbiter's clock,
+//!   terms, table writes), used by the host's local arbiter and the simulation.
+//! - `sim` (tests, or the `sim` feature): the deterministic simulation of a
+//!   cluster with a seeded fault scheduler and a single-ownership checker.
 
 #![forbid(unsafe_code)]
 
+pub mod arbiter;
 pub mod assignment;
+pub mod coordinator;
 pub mod fence;
 pub mod lease;
 pub mod ownership;
 pub mod partition;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 pub mod time;
 
+pub use arbiter::{ArbiterState, LeaseId, Member, Term};
+pub use coordinator::Coordinator;
 pub use fence::{FenceBudget, OnFence};
-pub use lease::{Lease, LeaseStatus, LeaseTiming, TimingError};
+pub use lease::{Lease, LeaseStatus, LeaseTiming, RenewalCounts, TimingError};
 pub use ownership::{Assignment, NodeId, OwnershipTable, OwnershipToken, Route, RouteRefusal};
 pub use partition::{PartitionCount, PartitionId};
 pub use time::{Clock, Instant, ManualClock};

@@ -9,7 +9,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fief_core::{Clock, Instant, NodeId, OwnershipTable, PartitionCount, PartitionId};
+use fief_core::arbiter::Refusal;
+use fief_core::{
+    ArbiterState, Clock, Instant, NodeId, OwnershipTable, PartitionCount, PartitionId,
+};
 
 use super::{
     Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, ModuleVersionRecord, NewModuleVersion,
@@ -17,25 +20,10 @@ use super::{
 };
 use crate::key::lock;
 
-struct LeaseRecord {
-    id: LeaseId,
-    peer_addr: Option<String>,
-    leaving: bool,
-    committed_at: Instant,
-    ttl: Duration,
-}
-
-impl LeaseRecord {
-    fn is_current(&self, now: Instant) -> bool {
-        now < self.committed_at + self.ttl
-    }
-}
-
 struct Namespace {
-    leases: BTreeMap<NodeId, LeaseRecord>,
-    table: OwnershipTable,
-    leader: Option<(NodeId, LeaseId)>,
-    term: u64,
+    /// Leases, leader, term and table: `fief-core`'s sans-IO arbiter, the
+    /// one the simulation checks.
+    state: ArbiterState,
     /// The module store: name → its versions.
     modules: BTreeMap<String, ModuleEntry>,
 }
@@ -56,14 +44,6 @@ impl ModuleEntry {
             current: self.current?,
             versions: self.versions.values().map(|(r, _)| r.clone()).collect(),
         })
-    }
-}
-
-impl Namespace {
-    fn lease_current(&self, node: &NodeId, lease: LeaseId, now: Instant) -> bool {
-        self.leases
-            .get(node)
-            .is_some_and(|r| r.id == lease && r.is_current(now))
     }
 }
 
@@ -128,15 +108,21 @@ impl LocalArbiter {
                 .namespaces
                 .entry(namespace.to_owned())
                 .or_insert_with(|| Namespace {
-                    leases: BTreeMap::new(),
-                    table: OwnershipTable::new(partitions),
-                    leader: None,
-                    term: 0,
+                    state: ArbiterState::new(partitions),
                     modules: BTreeMap::new(),
                 });
             f(&mut state, now)
         };
         Box::pin(std::future::ready(result))
+    }
+}
+
+/// The core's refusal as the trait's error.
+fn refusal(r: Refusal) -> ArbiterError {
+    match r {
+        Refusal::LeaseExpired(lease) => ArbiterError::LeaseExpired(lease),
+        Refusal::NotLeader(term) => ArbiterError::NotLeader(Some(term)),
+        Refusal::Refused(why) => ArbiterError::Refused(why),
     }
 }
 
@@ -160,33 +146,10 @@ impl Arbiter for LocalArbiter {
         self.with(namespace, Some(node), move |state, now| {
             state.next_lease += 1;
             let id = LeaseId(state.next_lease);
-            let ns = ns(state, namespace);
-            if ns.leases.get(&node2).is_some_and(|r| r.is_current(now)) {
-                return Err(ArbiterError::Refused(format!(
-                    "node {node2} already holds a current lease; a node id must be unique in its namespace"
-                )));
-            }
-            // A new lease owns nothing yet: partitions still listed under
-            // this node's previous (dead) lease go back to the leader, who
-            // gives them out anew with fresh tokens.
-            let stale: Vec<_> = ns
-                .table
-                .iter()
-                .filter(|(_, owner)| owner.is_some_and(|a| a.node == node2))
-                .map(|(p, _)| (p, None))
-                .collect();
-            ns.table.reassign(stale);
-            ns.leases.insert(
-                node2,
-                LeaseRecord {
-                    id,
-                    peer_addr,
-                    leaving: false,
-                    committed_at: now,
-                    ttl,
-                },
-            );
-            Ok(id)
+            ns(state, namespace)
+                .state
+                .register(now, &node2, id, ttl, peer_addr)
+                .map_err(refusal)
         })
     }
 
@@ -198,14 +161,10 @@ impl Arbiter for LocalArbiter {
     ) -> ArbiterFuture<'a, ()> {
         let node2 = node.clone();
         self.with(namespace, Some(node), move |state, now| {
-            let ns = ns(state, namespace);
-            match ns.leases.get_mut(&node2) {
-                Some(r) if r.id == lease && r.is_current(now) => {
-                    r.committed_at = now;
-                    Ok(())
-                }
-                _ => Err(ArbiterError::LeaseExpired(lease)),
-            }
+            ns(state, namespace)
+                .state
+                .renew(now, &node2, lease)
+                .map_err(refusal)
         })
     }
 
@@ -217,10 +176,7 @@ impl Arbiter for LocalArbiter {
     ) -> ArbiterFuture<'a, ()> {
         let node2 = node.clone();
         self.with(namespace, Some(node), move |state, _| {
-            let ns = ns(state, namespace);
-            if ns.leases.get(&node2).is_some_and(|r| r.id == lease) {
-                ns.leases.remove(&node2);
-            }
+            ns(state, namespace).state.release(&node2, lease);
             Ok(())
         })
     }
@@ -233,14 +189,10 @@ impl Arbiter for LocalArbiter {
     ) -> ArbiterFuture<'a, ()> {
         let node2 = node.clone();
         self.with(namespace, Some(node), move |state, now| {
-            let ns = ns(state, namespace);
-            match ns.leases.get_mut(&node2) {
-                Some(r) if r.id == lease && r.is_current(now) => {
-                    r.leaving = true;
-                    Ok(())
-                }
-                _ => Err(ArbiterError::LeaseExpired(lease)),
-            }
+            ns(state, namespace)
+                .state
+                .set_leaving(now, &node2, lease)
+                .map_err(refusal)
         })
     }
 
@@ -253,44 +205,16 @@ impl Arbiter for LocalArbiter {
     ) -> ArbiterFuture<'a, OwnershipTable> {
         let from2 = from.clone();
         self.with(namespace, Some(from), move |state, now| {
-            let ns = ns(state, namespace);
-            if !ns.lease_current(&from2, lease, now) {
-                return Err(ArbiterError::LeaseExpired(lease));
-            }
-            for (partition, to) in &moves {
-                if ns.table.owner(*partition).is_none_or(|a| a.node != from2) {
-                    return Err(ArbiterError::Refused(format!(
-                        "{from2} cannot hand off {partition}: it does not own it"
-                    )));
-                }
-                if !ns.leases.get(to).is_some_and(|r| r.is_current(now)) {
-                    return Err(ArbiterError::Refused(format!(
-                        "cannot hand {partition} to {to}: it has no current lease"
-                    )));
-                }
-            }
-            ns.table
-                .reassign(moves.into_iter().map(|(p, to)| (p, Some(to))));
-            Ok(ns.table.clone())
+            ns(state, namespace)
+                .state
+                .transfer(now, &from2, lease, moves)
+                .map_err(refusal)
         })
     }
 
     fn live_nodes<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, Vec<Member>> {
         self.with(namespace, None, move |state, now| {
-            let ns = ns(state, namespace);
-            let leader = ns.leader.clone();
-            Ok(ns
-                .leases
-                .iter()
-                .filter(|(_, r)| r.is_current(now))
-                .map(|(node, r)| Member {
-                    node: node.clone(),
-                    peer_addr: r.peer_addr.clone(),
-                    leaving: r.leaving,
-                    leader: leader.as_ref() == Some(&(node.clone(), r.id)),
-                    lease_remaining: (r.committed_at + r.ttl).saturating_duration_since(now),
-                })
-                .collect())
+            Ok(ns(state, namespace).state.live_nodes(now))
         })
     }
 
@@ -302,31 +226,16 @@ impl Arbiter for LocalArbiter {
     ) -> ArbiterFuture<'a, Option<Term>> {
         let node2 = node.clone();
         self.with(namespace, Some(node), move |state, now| {
-            let ns = ns(state, namespace);
-            if !ns.lease_current(&node2, lease, now) {
-                return Err(ArbiterError::LeaseExpired(lease));
-            }
-            let leader_alive = ns
-                .leader
-                .as_ref()
-                .is_some_and(|(n, l)| ns.lease_current(n, *l, now));
-            match &ns.leader {
-                Some((n, l)) if leader_alive && n == &node2 && *l == lease => {
-                    Ok(Some(Term(ns.term)))
-                }
-                _ if leader_alive => Ok(None),
-                _ => {
-                    ns.term += 1;
-                    ns.leader = Some((node2, lease));
-                    Ok(Some(Term(ns.term)))
-                }
-            }
+            ns(state, namespace)
+                .state
+                .campaign(now, &node2, lease)
+                .map_err(refusal)
         })
     }
 
     fn table<'a>(&'a self, namespace: &'a str) -> ArbiterFuture<'a, OwnershipTable> {
         self.with(namespace, None, move |state, _| {
-            Ok(ns(state, namespace).table.clone())
+            Ok(ns(state, namespace).state.table().clone())
         })
     }
 
@@ -337,30 +246,10 @@ impl Arbiter for LocalArbiter {
         changes: Vec<(PartitionId, Option<NodeId>)>,
     ) -> ArbiterFuture<'a, OwnershipTable> {
         self.with(namespace, None, move |state, now| {
-            let ns = ns(state, namespace);
-            let leader_ok = ns.term == term.0
-                && ns
-                    .leader
-                    .as_ref()
-                    .is_some_and(|(n, l)| ns.lease_current(n, *l, now));
-            if !leader_ok {
-                return Err(ArbiterError::NotLeader(Some(Term(ns.term))));
-            }
-            for (partition, _) in &changes {
-                if let Some(owner) = ns.table.owner(*partition)
-                    && ns
-                        .leases
-                        .get(&owner.node)
-                        .is_some_and(|r| r.is_current(now))
-                {
-                    return Err(ArbiterError::Refused(format!(
-                        "partition {partition} is owned by {} whose lease is still current",
-                        owner.node
-                    )));
-                }
-            }
-            ns.table.reassign(changes);
-            Ok(ns.table.clone())
+            ns(state, namespace)
+                .state
+                .write_table(now, term, changes)
+                .map_err(refusal)
         })
     }
 

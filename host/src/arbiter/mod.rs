@@ -30,28 +30,9 @@ pub use postgres::PostgresArbiter;
 /// A boxed future, so the trait stays object-safe.
 pub type ArbiterFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ArbiterError>> + Send + 'a>>;
 
-/// Identifies one lease of one node; a node that rejoins gets a new one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LeaseId(pub u64);
-
-/// A leadership term; strictly increases with every change of leader.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Term(pub u64);
-
-/// A live node as the arbiter knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Member {
-    /// The node's id.
-    pub node: NodeId,
-    /// Where its peers reach it (node-to-node transport), if it listens.
-    pub peer_addr: Option<String>,
-    /// The node is leaving: it gets no partitions and hands off its own.
-    pub leaving: bool,
-    /// The node holds the leadership.
-    pub leader: bool,
-    /// Time left on its lease, as the arbiter judges it.
-    pub lease_remaining: Duration,
-}
+/// Lease ids, terms and members are `fief-core`'s (the coordinator and the
+/// simulation speak them too).
+pub use fief_core::{LeaseId, Member, Term};
 
 /// Why the arbiter refused or could not answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,131 @@
+//! Other keys' call latency while hostile keys attack the node, beside the
+//! same latency without an attack (issue 5 item 6).
+//!
+//! One embedded node runs `counter` (the victim: `incr` on one live key)
+//! and the `hostile` test guest (the attackers). Each benchmark measures the
+//! victim's warm call with criterion while `ATTACKERS` tokio tasks keep one
+//! attack going each, starting it again as soon as the node contains it:
+//!
+//! - `quiet`: no attack (the baseline).
+//! - `spinning`: each attacker's key loops in `handle-call` until its CPU
+//!   limit (100 ms) kills it.
+//! - `memory_bombs`: each attacker's key allocates until its memory limit
+//!   (16 MiB) kills it.
+//! - `publish_flood`: each attacker's key publishes to a topic the victim's
+//!   module does not hear until `max_publishes_per_second` (1000) refuses it.
+//!
+//! Run with `cargo bench -p fief-benches --bench hostile` (add `-- --quick`
+//! for a smoke run); the figures are in `docs/benchmarks.md`, "Hostile
+//! guests".
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{COUNTER_WASM, embedded_node, guest};
+use criterion::Criterion;
+use fief::config::ByteSize;
+use fief::{Instance, ModuleOptions, NodeConfig};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+/// The hostile test guest, built from source by `build.rs`.
+const HOSTILE_WASM: &str = env!("FIEF_GUEST_HOSTILE");
+
+/// Attacking keys, each driven by its own task.
+const ATTACKERS: usize = 4;
+
+/// The node: `counter` with default options, `hostile` with a 100 ms CPU
+/// limit and a 16 MiB memory limit.
+async fn node() -> Arc<Instance> {
+    let config = NodeConfig {
+        max_live_keys: 64,
+        max_memory_per_key: ByteSize::mib(64),
+        ..NodeConfig::default()
+    };
+    let hostile = ModuleOptions {
+        cpu_limit: Duration::from_millis(100),
+        memory_limit: ByteSize::mib(16),
+        max_publishes_per_second: 1000,
+        ..ModuleOptions::default()
+    };
+    let node = embedded_node(
+        config,
+        &[
+            ("counter", &guest(COUNTER_WASM), ModuleOptions::default()),
+            ("hostile", &guest(HOSTILE_WASM), hostile),
+        ],
+    )
+    .await;
+    node.call("counter", "victim", b"incr".to_vec())
+        .await
+        .expect("the victim answers");
+    Arc::new(node)
+}
+
+/// Start `ATTACKERS` tasks, each sending `attack` to its own hostile key
+/// again and again (each call ends when the node contains the attack).
+fn start_attack(node: &Arc<Instance>, attack: &'static [u8]) -> Vec<JoinHandle<()>> {
+    (0..ATTACKERS)
+        .map(|i| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                let key = format!("attacker-{i}");
+                loop {
+                    let _ = node.call("hostile", &key, attack.to_vec()).await;
+                }
+            })
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = Runtime::new().expect("tokio runtime");
+    let node = rt.block_on(node());
+    let mut group = c.benchmark_group("hostile/victim_warm_call");
+    group.measurement_time(Duration::from_secs(5));
+    for (name, attack) in [
+        ("quiet", None),
+        ("spinning", Some(&b"loop"[..])),
+        ("memory_bombs", Some(&b"memory"[..])),
+        ("publish_flood", Some(&b"publish-flood"[..])),
+    ] {
+        let attackers = attack.map(|a| rt.block_on(async { start_attack(&node, a) }));
+        group.bench_function(name, |b| {
+            // Each sample's calls run in one task on the node's runtime,
+            // beside the attackers' tasks.
+            b.iter_custom(|iters| {
+                let node = node.clone();
+                rt.block_on(async move {
+                    tokio::spawn(async move {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            node.call("counter", "victim", b"incr".to_vec())
+                                .await
+                                .expect("the victim answers during the attack");
+                        }
+                        start.elapsed()
+                    })
+                    .await
+                    .expect("the victim's task")
+                })
+            });
+        });
+        for task in attackers.into_iter().flatten() {
+            task.abort();
+        }
+    }
+    group.finish();
+    rt.block_on(async {
+        if let Ok(node) = Arc::try_unwrap(node) {
+            node.shutdown().await;
+        }
+    });
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}

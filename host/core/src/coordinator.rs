@@ -1,0 +1,659 @@
+//! The coordination loop's decisions, without I/O: join, renew, campaign,
+//! lead, follow the table, fence, rejoin.
+//!
+//! [`Coordinator`] is a state machine driven by two inputs — the node's clock
+//! ([`Coordinator::on_tick`]) and the arbiter's answers
+//! ([`Coordinator::on_reply`]) — that returns [`Action`]s for the caller to
+//! carry out: send one [`Request`] to the arbiter, fence, adopt a table,
+//! start graceful moves. It never waits: [`Coordinator::wake_at`] says when
+//! it must be ticked next (the fence point, a request's deadline, the next
+//! renewal). The node's async driver (`host/src/node.rs`) and the
+//! deterministic simulation (`sim`) run this same code.
+//!
+//! One round, as in contract §2–§3: renew if due (a refusal fences: the
+//! arbiter says the lease expired); campaign; as leader, give orphaned
+//! partitions to live nodes and ask owners above their share to move some;
+//! read the members and the table. At most one request is outstanding; each
+//! has a deadline of one renewal interval. The fence point is checked before
+//! every step and before every answer is used, so a slow or silent arbiter
+//! can delay a renewal, never the fence.
+
+use std::collections::BTreeMap;
+
+use crate::arbiter::{LeaseId, Member, Term};
+use crate::assignment::{orphan_assignment, rebalance_moves};
+use crate::lease::{Lease, LeaseStatus, LeaseTiming, Renewal, RenewalCounts};
+use crate::ownership::{NodeId, OwnershipTable};
+use crate::partition::PartitionId;
+use crate::time::Instant;
+
+/// Most graceful moves the leader starts per round.
+pub const MOVES_PER_ROUND: usize = 256;
+
+/// Why the node fenced because its fence point passed.
+pub const FENCE_POINT_PASSED: &str = "the lease could not be renewed before the fence point";
+/// Why the node fenced because the arbiter refused its renewal.
+pub const LEASE_EXPIRED: &str = "the arbiter says the lease expired";
+
+/// Identifies one request, so a late or duplicated answer is recognised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// A request for the arbiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Register a fresh lease.
+    Register,
+    /// Renew the lease.
+    Renew(LeaseId),
+    /// Campaign for leadership under the lease.
+    Campaign(LeaseId),
+    /// Read the live members.
+    LiveNodes,
+    /// Read the table.
+    Table,
+    /// Write the table as the leader of the term.
+    WriteTable(Term, Vec<(PartitionId, Option<NodeId>)>),
+}
+
+/// The arbiter's answer to a [`Request`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `Register` succeeded.
+    Registered(LeaseId),
+    /// `Renew` succeeded.
+    Renewed,
+    /// `Campaign`: the term if this node leads.
+    Campaign(Option<Term>),
+    /// `LiveNodes`.
+    Members(Vec<Member>),
+    /// `Table` or `WriteTable`: the table as it now stands.
+    Table(OwnershipTable),
+    /// The lease has expired at the arbiter.
+    LeaseExpired,
+    /// Any other failure (unreachable, refused, not the leader).
+    Failed(String),
+}
+
+/// What the caller must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send `request` to the arbiter and report the answer with `id`.
+    Send {
+        /// The id to answer with.
+        id: RequestId,
+        /// The request.
+        request: Request,
+    },
+    /// A lease was granted: the node may serve (once the table says so).
+    LeaseGranted(LeaseId),
+    /// Fence now: kill `terminate` keys, serve nothing, forget the table.
+    /// The lease is already fenced; the next tick starts a rejoin.
+    Fence {
+        /// Why.
+        cause: &'static str,
+    },
+    /// This node leads in the term (or does not lead).
+    Leader(Option<Term>),
+    /// The live members, as the arbiter reported them.
+    Members(Vec<Member>),
+    /// Adopt this table if it is newer (see [`gained_partitions`]). It was
+    /// asked for at `asked_at`: it reflects every table change the arbiter
+    /// committed before then (which settles a handoff whose answer was lost).
+    AdoptTable {
+        /// The arbiter's table.
+        table: OwnershipTable,
+        /// When the read was sent, on the node's clock.
+        asked_at: Instant,
+    },
+    /// As leader: ask each owner to hand the listed partitions to the
+    /// listed nodes (graceful moves).
+    StartMoves(Vec<(NodeId, Vec<(PartitionId, NodeId)>)>),
+    /// A round finished: the node has a table to route with.
+    Ready,
+}
+
+/// A request in flight.
+#[derive(Clone, Debug)]
+struct Outstanding {
+    id: RequestId,
+    sent: Instant,
+    deadline: Instant,
+    stage: Stage,
+}
+
+/// What the outstanding request is for.
+#[derive(Clone, Debug)]
+enum Stage {
+    Register(Renewal),
+    Renew(Renewal),
+    Campaign,
+    LeaderMembers(Term),
+    LeaderTable {
+        term: Term,
+        live: Vec<NodeId>,
+        targets: Vec<NodeId>,
+    },
+    LeaderWrite {
+        targets: Vec<NodeId>,
+    },
+    Members,
+    Table,
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    /// Fenced: the next tick replaces the lease and rejoins.
+    Fenced,
+    /// Registering a lease; retry at `retry_at` when nothing is in flight.
+    Joining {
+        retry_at: Instant,
+        waiting: Option<Outstanding>,
+    },
+    /// Holding `lease`; `waiting` is the round's request in flight, if any.
+    Member {
+        lease: LeaseId,
+        waiting: Option<Outstanding>,
+    },
+}
+
+/// The node's coordination state: its lease and the round in progress.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    lease: Lease,
+    phase: Phase,
+    next_id: u64,
+    sync_now: bool,
+    /// The simulation's mutation: every new lease fences at the TTL.
+    #[cfg(any(test, feature = "sim"))]
+    fence_at_ttl: bool,
+}
+
+impl Coordinator {
+    /// A node that has not joined yet; the first tick registers.
+    pub fn new(timing: LeaseTiming) -> Self {
+        Coordinator {
+            lease: Lease::new(timing),
+            phase: Phase::Joining {
+                retry_at: Instant::ZERO,
+                waiting: None,
+            },
+            next_id: 0,
+            sync_now: false,
+            #[cfg(any(test, feature = "sim"))]
+            fence_at_ttl: false,
+        }
+    }
+
+    /// Mutation for the simulation's checker test: every lease fences at
+    /// `sent + ttl` instead of `sent + ttl - margin`.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn mutate_fence_at_ttl(&mut self) {
+        self.fence_at_ttl = true;
+        self.lease.mutate_fence_at_ttl();
+    }
+
+    /// The lease's timing.
+    pub fn timing(&self) -> &LeaseTiming {
+        self.lease.timing()
+    }
+
+    /// The lease's status at `now` (see [`Lease::status`]).
+    pub fn status(&mut self, now: Instant) -> LeaseStatus {
+        self.lease.status(now)
+    }
+
+    /// The current lease's fence point, if any renewal succeeded.
+    pub fn fence_point(&self) -> Option<Instant> {
+        self.lease.fence_point()
+    }
+
+    /// Fence the lease now (terminal for this lease); the next tick emits
+    /// [`Action::Fence`] and rejoins.
+    pub fn fence_now(&mut self, now: Instant) {
+        self.lease.fence_now(now);
+    }
+
+    /// The current lease's renewals so far (see [`Lease::renewal_counts`]).
+    pub fn renewal_counts(&self) -> RenewalCounts {
+        self.lease.renewal_counts()
+    }
+
+    /// Take the current lease's renewal counts (see
+    /// [`Lease::take_renewal_counts`]).
+    pub fn take_renewal_counts(&mut self) -> RenewalCounts {
+        self.lease.take_renewal_counts()
+    }
+
+    /// The lease held at the arbiter, once joined (until the fence).
+    pub fn lease_id(&self) -> Option<LeaseId> {
+        match self.phase {
+            Phase::Member { lease, .. } => Some(lease),
+            _ => None,
+        }
+    }
+
+    /// Start a round as soon as nothing is in flight (someone changed the
+    /// table: a handoff arrived, or a leave is waiting for its moves).
+    pub fn nudge(&mut self) {
+        self.sync_now = true;
+    }
+
+    /// When [`Coordinator::on_tick`] must be called next, at the latest.
+    pub fn wake_at(&self) -> Instant {
+        match &self.phase {
+            Phase::Fenced => Instant::ZERO,
+            Phase::Joining {
+                waiting: Some(o), ..
+            } => o.deadline,
+            Phase::Joining { retry_at, .. } => *retry_at,
+            Phase::Member { waiting, .. } => {
+                let fence = self.lease.fence_point().unwrap_or(Instant::ZERO);
+                let next = match waiting {
+                    Some(o) => o.deadline,
+                    None if self.sync_now => Instant::ZERO,
+                    None => self.lease.next_renewal_at(),
+                };
+                fence.min(next)
+            }
+        }
+    }
+
+    /// Time has passed: fence if the fence point came, give up on a request
+    /// past its deadline, start what is due.
+    pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.step(now, None, &mut actions);
+        actions
+    }
+
+    /// The arbiter answered request `id`. Answers to requests given up on,
+    /// and duplicates, are ignored.
+    pub fn on_reply(&mut self, now: Instant, id: RequestId, reply: Reply) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.step(now, Some((id, reply)), &mut actions);
+        actions
+    }
+
+    fn send(
+        &mut self,
+        now: Instant,
+        request: Request,
+        stage: Stage,
+        out: &mut Vec<Action>,
+    ) -> Outstanding {
+        self.next_id += 1;
+        let id = RequestId(self.next_id);
+        out.push(Action::Send { id, request });
+        Outstanding {
+            id,
+            sent: now,
+            deadline: now + self.lease.timing().renew_interval(),
+            stage,
+        }
+    }
+
+    fn fence(&mut self, now: Instant, cause: &'static str, out: &mut Vec<Action>) {
+        self.lease.fence_now(now);
+        self.phase = Phase::Fenced;
+        out.push(Action::Fence { cause });
+    }
+
+    fn step(&mut self, now: Instant, mut reply: Option<(RequestId, Reply)>, out: &mut Vec<Action>) {
+        match std::mem::replace(&mut self.phase, Phase::Fenced) {
+            Phase::Fenced => {
+                // The caller has carried out the fence: rejoin with a fresh
+                // lease (only now, so the fence never touches the new one).
+                let timing = *self.lease.timing();
+                self.lease = Lease::new(timing);
+                #[cfg(any(test, feature = "sim"))]
+                if self.fence_at_ttl {
+                    self.lease.mutate_fence_at_ttl();
+                }
+                self.phase = Phase::Joining {
+                    retry_at: now,
+                    waiting: None,
+                };
+                self.step(now, None, out);
+            }
+            Phase::Joining { retry_at, waiting } => {
+                let retry = now + self.lease.timing().renew_interval();
+                match waiting {
+                    Some(o) => match reply.take() {
+                        Some((id, answer)) if id == o.id => {
+                            let Stage::Register(renewal) = o.stage else {
+                                unreachable!("joining waits only for a registration")
+                            };
+                            match answer {
+                                Reply::Registered(lease) => {
+                                    self.lease.renewal_succeeded(renewal, now);
+                                    self.phase = Phase::Member {
+                                        lease,
+                                        waiting: None,
+                                    };
+                                    out.push(Action::LeaseGranted(lease));
+                                    // The first round starts at once.
+                                    self.sync_now = true;
+                                    self.step(now, None, out);
+                                }
+                                _ => {
+                                    self.phase = Phase::Joining {
+                                        retry_at: retry,
+                                        waiting: None,
+                                    }
+                                }
+                            }
+                        }
+                        _ if now >= o.deadline => {
+                            self.phase = Phase::Joining {
+                                retry_at: retry,
+                                waiting: None,
+                            }
+                        }
+                        _ => {
+                            self.phase = Phase::Joining {
+                                retry_at,
+                                waiting: Some(o),
+                            }
+                        }
+                    },
+                    None if now >= retry_at => {
+                        let renewal = self.lease.begin_renewal(now);
+                        let o = self.send(now, Request::Register, Stage::Register(renewal), out);
+                        self.phase = Phase::Joining {
+                            retry_at,
+                            waiting: Some(o),
+                        };
+                    }
+                    None => {
+                        self.phase = Phase::Joining {
+                            retry_at,
+                            waiting: None,
+                        }
+                    }
+                }
+            }
+            Phase::Member { lease, waiting } => {
+                // The fence point comes before anything else, answers too.
+                if !self.lease.status(now).is_current() {
+                    self.fence(now, FENCE_POINT_PASSED, out);
+                    return;
+                }
+                self.phase = Phase::Member {
+                    lease,
+                    waiting: None,
+                };
+                let next = match waiting {
+                    Some(o) => match reply.take() {
+                        Some((id, answer)) if id == o.id => {
+                            self.advance(now, lease, o.sent, o.stage, answer, out)
+                        }
+                        _ if now >= o.deadline => {
+                            let answer = Reply::Failed("no answer in time".to_owned());
+                            self.advance(now, lease, o.sent, o.stage, answer, out)
+                        }
+                        _ => Some(o),
+                    },
+                    None if self.sync_now || now >= self.lease.next_renewal_at() => {
+                        self.sync_now = false;
+                        if now >= self.lease.next_renewal_at() {
+                            let renewal = self.lease.begin_renewal(now);
+                            Some(self.send(now, Request::Renew(lease), Stage::Renew(renewal), out))
+                        } else {
+                            Some(self.send(now, Request::Campaign(lease), Stage::Campaign, out))
+                        }
+                    }
+                    None => None,
+                };
+                // A fence during the step replaced the phase; otherwise the
+                // round goes on with `next`.
+                if let Phase::Member { waiting, .. } = &mut self.phase {
+                    *waiting = next;
+                }
+            }
+        }
+    }
+
+    /// The answer to the round's request at `stage`: the next request, if
+    /// the round goes on.
+    fn advance(
+        &mut self,
+        now: Instant,
+        lease: LeaseId,
+        sent: Instant,
+        stage: Stage,
+        answer: Reply,
+        out: &mut Vec<Action>,
+    ) -> Option<Outstanding> {
+        match (stage, answer) {
+            (Stage::Renew(renewal), Reply::Renewed) => {
+                if !self.lease.renewal_succeeded(renewal, now).is_current() {
+                    self.fence(now, FENCE_POINT_PASSED, out);
+                    return None;
+                }
+                Some(self.send(now, Request::Campaign(lease), Stage::Campaign, out))
+            }
+            (Stage::Renew(_), Reply::LeaseExpired) => {
+                self.fence(now, LEASE_EXPIRED, out);
+                None
+            }
+            (Stage::Renew(_), _) => {
+                Some(self.send(now, Request::Campaign(lease), Stage::Campaign, out))
+            }
+            (Stage::Campaign, Reply::Campaign(Some(term))) => {
+                out.push(Action::Leader(Some(term)));
+                Some(self.send(now, Request::LiveNodes, Stage::LeaderMembers(term), out))
+            }
+            (Stage::Campaign, Reply::Campaign(None)) => {
+                out.push(Action::Leader(None));
+                Some(self.send(now, Request::LiveNodes, Stage::Members, out))
+            }
+            (Stage::LeaderMembers(term), Reply::Members(members)) => {
+                let targets = members
+                    .iter()
+                    .filter(|m| !m.leaving)
+                    .map(|m| m.node.clone())
+                    .collect();
+                let live = members.iter().map(|m| m.node.clone()).collect();
+                Some(self.send(
+                    now,
+                    Request::Table,
+                    Stage::LeaderTable {
+                        term,
+                        live,
+                        targets,
+                    },
+                    out,
+                ))
+            }
+            (
+                Stage::LeaderTable {
+                    term,
+                    live,
+                    targets,
+                },
+                Reply::Table(table),
+            ) => {
+                let changes = orphan_assignment(&table, &live, &targets);
+                if changes.is_empty() {
+                    out.push(Action::StartMoves(moves_by_owner(&table, &targets)));
+                    Some(self.send(now, Request::LiveNodes, Stage::Members, out))
+                } else {
+                    Some(self.send(
+                        now,
+                        Request::WriteTable(term, changes),
+                        Stage::LeaderWrite { targets },
+                        out,
+                    ))
+                }
+            }
+            (Stage::LeaderWrite { targets }, Reply::Table(table)) => {
+                out.push(Action::StartMoves(moves_by_owner(&table, &targets)));
+                Some(self.send(now, Request::LiveNodes, Stage::Members, out))
+            }
+            (
+                Stage::Campaign
+                | Stage::LeaderMembers(_)
+                | Stage::LeaderTable { .. }
+                | Stage::LeaderWrite { .. },
+                _,
+            ) => Some(self.send(now, Request::LiveNodes, Stage::Members, out)),
+            (Stage::Members, answer) => {
+                if let Reply::Members(members) = answer {
+                    out.push(Action::Members(members));
+                }
+                Some(self.send(now, Request::Table, Stage::Table, out))
+            }
+            (Stage::Table, answer) => {
+                if let Reply::Table(table) = answer {
+                    out.push(Action::AdoptTable {
+                        table,
+                        asked_at: sent,
+                    });
+                }
+                out.push(Action::Ready);
+                None
+            }
+            (Stage::Register(_), _) => unreachable!("a member does not register"),
+        }
+    }
+}
+
+/// The leader's graceful moves for `table`, grouped by the owner that must
+/// make them.
+fn moves_by_owner(
+    table: &OwnershipTable,
+    targets: &[NodeId],
+) -> Vec<(NodeId, Vec<(PartitionId, NodeId)>)> {
+    let mut by_owner: BTreeMap<NodeId, Vec<(PartitionId, NodeId)>> = BTreeMap::new();
+    for m in rebalance_moves(table, targets, MOVES_PER_ROUND) {
+        by_owner
+            .entry(m.from)
+            .or_default()
+            .push((m.partition, m.to));
+    }
+    by_owner.into_iter().collect()
+}
+
+/// The partitions `me` gains if it adopts `newer` over `current`, or `None`
+/// if `newer` is not newer (it must not be adopted). Survivors of gained
+/// partitions in limbo must be reaped before `newer` routes anything.
+pub fn gained_partitions(
+    current: &OwnershipTable,
+    newer: &OwnershipTable,
+    me: &NodeId,
+) -> Option<std::collections::BTreeSet<PartitionId>> {
+    if newer.epoch() <= current.epoch() {
+        return None;
+    }
+    Some(
+        newer
+            .iter()
+            .filter(|(p, owner)| {
+                owner.is_some_and(|a| &a.node == me)
+                    && current.owner(*p).is_none_or(|a| &a.node != me)
+            })
+            .map(|(p, _)| p)
+            .collect(),
+    )
+}
+
+/// Whether `me` must kill its keys of `partition` under `table` (it no
+/// longer owns the partition).
+pub fn lost(table: &OwnershipTable, me: &NodeId, partition: PartitionId) -> bool {
+    table.owner(partition).is_none_or(|a| &a.node != me)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    fn sent(actions: &[Action]) -> Option<(RequestId, Request)> {
+        actions.iter().find_map(|a| match a {
+            Action::Send { id, request } => Some((*id, request.clone())),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn joins_then_runs_a_round_and_fences_at_the_fence_point() {
+        let mut c = Coordinator::new(LeaseTiming::default()); // ttl 5 s, margin 1 s, renew 1 s
+        let (id, req) = sent(&c.on_tick(at(0))).unwrap();
+        assert_eq!(req, Request::Register);
+        let actions = c.on_reply(at(10), id, Reply::Registered(LeaseId(7)));
+        assert!(actions.contains(&Action::LeaseGranted(LeaseId(7))));
+        let (id, req) = sent(&actions).unwrap();
+        assert_eq!(req, Request::Campaign(LeaseId(7)));
+        let actions = c.on_reply(at(20), id, Reply::Campaign(None));
+        let (id, req) = sent(&actions).unwrap();
+        assert_eq!(req, Request::LiveNodes);
+        let (id, req) = sent(&c.on_reply(at(30), id, Reply::Members(vec![]))).unwrap();
+        assert_eq!(req, Request::Table);
+        let actions = c.on_reply(at(40), id, Reply::Failed("down".to_owned()));
+        assert_eq!(actions, vec![Action::Ready]);
+        assert_eq!(c.wake_at(), at(1000));
+        // Every renewal from now on goes unanswered: the fence comes at 4 s.
+        let mut now = 1000;
+        while now < 4000 {
+            c.on_tick(at(now));
+            now = c.wake_at().since_origin().as_millis() as u64;
+        }
+        assert_eq!(now, 4000);
+        let actions = c.on_tick(at(4000));
+        assert_eq!(
+            actions,
+            vec![Action::Fence {
+                cause: FENCE_POINT_PASSED
+            }]
+        );
+        // The next tick rejoins with a fresh lease.
+        let (_, req) = sent(&c.on_tick(at(4000))).unwrap();
+        assert_eq!(req, Request::Register);
+        assert_eq!(c.status(at(4000)), LeaseStatus::Pending);
+    }
+
+    #[test]
+    fn an_answer_after_the_fence_point_is_not_used() {
+        let mut c = Coordinator::new(LeaseTiming::default());
+        let (id, _) = sent(&c.on_tick(at(0))).unwrap();
+        let (id2, _) = sent(&c.on_reply(at(0), id, Reply::Registered(LeaseId(1)))).unwrap();
+        // The campaign's answer comes back after the fence point (4 s).
+        let actions = c.on_reply(at(4001), id2, Reply::Campaign(Some(Term(1))));
+        assert_eq!(
+            actions,
+            vec![Action::Fence {
+                cause: FENCE_POINT_PASSED
+            }]
+        );
+    }
+
+    #[test]
+    fn a_refused_renewal_fences() {
+        let mut c = Coordinator::new(LeaseTiming::default());
+        let (id, _) = sent(&c.on_tick(at(0))).unwrap();
+        let (id2, _) = sent(&c.on_reply(at(0), id, Reply::Registered(LeaseId(1)))).unwrap();
+        // The round ends without answers; the renewal is due at 1 s.
+        let mut now = 0;
+        let mut pending = Some(id2);
+        while let Some(id) = pending {
+            let actions = c.on_reply(at(now), id, Reply::Failed("x".to_owned()));
+            pending = sent(&actions).map(|(id, _)| id);
+            now += 1;
+        }
+        let (id, req) = sent(&c.on_tick(at(1000))).unwrap();
+        assert_eq!(req, Request::Renew(LeaseId(1)));
+        let actions = c.on_reply(at(1001), id, Reply::LeaseExpired);
+        assert_eq!(
+            actions,
+            vec![Action::Fence {
+                cause: LEASE_EXPIRED
+            }]
+        );
+        assert!(!c.status(at(1001)).is_current());
+    }
+}

@@ -1,0 +1,272 @@
+//! The simulation's checker: single ownership judged on the global clock.
+//!
+//! The checker keeps its own record of what the arbiter committed (lease
+//! grants and renewals, releases, table changes) and of every key life and
+//! message processed, and judges each against contract §1–§3 with the
+//! contract's TTL — not with the arbiter's own (possibly mutated) judgement:
+//!
+//! - **two live `terminate` processes for one key**: when a process of a key
+//!   starts (or a node resumes from a pause), no other node may hold a live
+//!   `terminate` process of that key that can still act (its node is up, not
+//!   paused, and its lease is current on its own clock — the side-effect
+//!   gate's test);
+//! - **a message processed by two owners**;
+//! - **a fenced node processing anything**: a node processes a message only
+//!   while its own lease is current *and* its lease at the arbiter is current
+//!   (`committed + ttl` on the arbiter's clock, which is the global clock);
+//! - **a partition moved before the arbiter judged the old lease expired**:
+//!   every table change that takes a partition from a node does so by that
+//!   node's own handoff, or after its lease expired or was released;
+//! - a node hosting a limbo survivor and a fresh process of one key.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::arbiter::LeaseId;
+use crate::ownership::{NodeId, OwnershipTable};
+
+/// One breach of single ownership, with the instant it happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Global time, microseconds.
+    pub at_us: u64,
+    /// What went wrong, naming nodes, keys and leases.
+    pub what: String,
+}
+
+/// The arbiter's committed view of one lease, as the checker records it.
+#[derive(Clone, Copy, Debug)]
+struct LeaseRecord {
+    committed_us: u64,
+    released: bool,
+}
+
+/// The checker's history.
+#[derive(Debug)]
+pub struct Checker {
+    ttl_us: u64,
+    leases: HashMap<(NodeId, LeaseId), LeaseRecord>,
+    /// message id → the node that processed it first.
+    processed_by: HashMap<u64, NodeId>,
+    /// Violations found so far.
+    pub violations: Vec<Violation>,
+    /// Counters for the run's summary.
+    pub stats: Stats,
+}
+
+/// What a run did, for the summary and the soak's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Messages processed by an owner.
+    pub processed: u64,
+    /// Key processes started.
+    pub lives: u64,
+    /// Fences.
+    pub fences: u64,
+    /// Table changes that moved a partition to a new owner.
+    pub moves: u64,
+    /// Graceful handoffs committed.
+    pub handoffs: u64,
+    /// Leases granted.
+    pub leases: u64,
+}
+
+impl Stats {
+    /// Add another run's counts.
+    pub fn add(&mut self, other: &Stats) {
+        self.processed += other.processed;
+        self.lives += other.lives;
+        self.fences += other.fences;
+        self.moves += other.moves;
+        self.handoffs += other.handoffs;
+        self.leases += other.leases;
+    }
+}
+
+/// How a partition's owner changed at the arbiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableWrite {
+    /// The leader's write (orphans).
+    Leader,
+    /// The owner's own graceful handoff.
+    Transfer,
+    /// A node registered a new lease; its old partitions went back.
+    Register,
+}
+
+impl Checker {
+    /// A checker for leases of `ttl` (the contract's, not the arbiter's).
+    pub fn new(ttl: Duration) -> Self {
+        Checker {
+            ttl_us: ttl.as_micros() as u64,
+            leases: HashMap::new(),
+            processed_by: HashMap::new(),
+            violations: Vec::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    fn fail(&mut self, at_us: u64, what: String) {
+        self.violations.push(Violation { at_us, what });
+    }
+
+    /// The arbiter committed a registration or renewal of `lease` at `at_us`.
+    pub fn lease_committed(&mut self, at_us: u64, node: &NodeId, lease: LeaseId, new: bool) {
+        if new {
+            self.stats.leases += 1;
+        }
+        let r = self
+            .leases
+            .entry((node.clone(), lease))
+            .or_insert(LeaseRecord {
+                committed_us: at_us,
+                released: false,
+            });
+        r.committed_us = r.committed_us.max(at_us);
+    }
+
+    /// The arbiter released `lease` at `at_us`.
+    pub fn lease_released(&mut self, node: &NodeId, lease: LeaseId) {
+        if let Some(r) = self.leases.get_mut(&(node.clone(), lease)) {
+            r.released = true;
+        }
+    }
+
+    /// Whether `node` holds some lease the arbiter must still count as
+    /// current at `at_us` (by the contract's TTL).
+    fn node_lease_current(&self, node: &NodeId, at_us: u64) -> bool {
+        self.leases
+            .iter()
+            .any(|((n, _), r)| n == node && !r.released && at_us < r.committed_us + self.ttl_us)
+    }
+
+    /// Whether `lease` is current at the arbiter at `at_us`.
+    pub fn lease_current(&self, node: &NodeId, lease: LeaseId, at_us: u64) -> bool {
+        self.leases
+            .get(&(node.clone(), lease))
+            .is_some_and(|r| !r.released && at_us < r.committed_us + self.ttl_us)
+    }
+
+    /// The arbiter's table changed from `old` to `new` at `at_us` by `how`
+    /// (by `by`, for a transfer).
+    pub fn table_changed(
+        &mut self,
+        at_us: u64,
+        old: &OwnershipTable,
+        new: &OwnershipTable,
+        how: TableWrite,
+        by: Option<&NodeId>,
+    ) {
+        for (partition, before) in old.iter() {
+            let after = new.owner(partition);
+            let Some(before) = before else { continue };
+            if after.is_some_and(|a| a.node == before.node) {
+                continue;
+            }
+            if after.is_some() {
+                self.stats.moves += 1;
+            }
+            let handed_off = how == TableWrite::Transfer && by == Some(&before.node);
+            if handed_off {
+                self.stats.handoffs += 1;
+                continue;
+            }
+            if self.node_lease_current(&before.node, at_us) && how != TableWrite::Register {
+                let to = after.map_or("nobody".to_owned(), |a| a.node.to_string());
+                self.fail(
+                    at_us,
+                    format!(
+                        "{partition} moved from {} to {to} ({how:?}) while {}'s lease was still current at the arbiter",
+                        before.node, before.node
+                    ),
+                );
+            }
+        }
+    }
+
+    /// `node` processed message `msg` for `key` at `at_us` under `lease`;
+    /// `own_lease_current` is the node's own view at that instant.
+    pub fn processed(
+        &mut self,
+        at_us: u64,
+        node: &NodeId,
+        lease: Option<LeaseId>,
+        own_lease_current: bool,
+        msg: u64,
+        key: &str,
+    ) {
+        self.stats.processed += 1;
+        if !own_lease_current {
+            self.fail(
+                at_us,
+                format!("{node} processed message {msg} for {key} while fenced"),
+            );
+        }
+        if !lease.is_some_and(|l| self.lease_current(node, l, at_us)) {
+            self.fail(
+                at_us,
+                format!(
+                    "{node} processed message {msg} for {key} while its lease {lease:?} was not current at the arbiter"
+                ),
+            );
+        }
+        match self.processed_by.get(&msg) {
+            Some(first) if first != node => {
+                let first = first.clone();
+                self.fail(
+                    at_us,
+                    format!("message {msg} for {key} processed by two owners: {first} and {node}"),
+                );
+            }
+            Some(_) => {}
+            None => {
+                self.processed_by.insert(msg, node.clone());
+            }
+        }
+    }
+
+    /// A process of `key` started on `node` at `at_us`. `others` lists the
+    /// other nodes holding a live `terminate` process of the key that can
+    /// still act; `survivor_here` says whether `node` hosts a survivor of it.
+    pub fn life_started(
+        &mut self,
+        at_us: u64,
+        node: &NodeId,
+        key: &str,
+        others: &[NodeId],
+        survivor_here: bool,
+    ) {
+        self.stats.lives += 1;
+        if !others.is_empty() {
+            self.fail(
+                at_us,
+                format!(
+                    "{key} started on {node} while {} still held a live terminate process of it",
+                    others
+                        .iter()
+                        .map(NodeId::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+        if survivor_here {
+            self.fail(
+                at_us,
+                format!("{key} started on {node} beside a survivor of it in the same node's limbo"),
+            );
+        }
+    }
+
+    /// A node resumed from a pause at `at_us` holding live `terminate`
+    /// processes that can act, of keys that other nodes also run:
+    /// `overlaps` lists (key, other node).
+    pub fn resumed(&mut self, at_us: u64, node: &NodeId, overlaps: &BTreeMap<String, NodeId>) {
+        for (key, other) in overlaps {
+            self.fail(
+                at_us,
+                format!("{node} resumed with a live terminate process of {key} that can act while {other} runs one"),
+            );
+        }
+    }
+}

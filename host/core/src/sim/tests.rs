@@ -1,0 +1,179 @@
+//! The simulation's tests: the CI seed budget, one seed on demand, the
+//! soak, the mutation check and the drift bound.
+
+use super::*;
+
+/// Seeds per CI run (`FIEF_SEEDS` overrides it: the long soak).
+const CI_SEEDS: u64 = 1_000;
+
+fn seeds() -> u64 {
+    std::env::var("FIEF_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CI_SEEDS)
+}
+
+/// First seed of a run (`FIEF_SEED_BASE`), so soaks can cover new ground.
+fn base() -> u64 {
+    std::env::var("FIEF_SEED_BASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Run `count` seeds from `base` with `make`; the failing reports.
+fn sweep(
+    base: u64,
+    count: u64,
+    first_only: bool,
+    make: impl Fn(u64) -> Config + Sync,
+) -> (Vec<Report>, Stats, u64) {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let make = &make;
+    let found = std::sync::atomic::AtomicBool::new(false);
+    let found = &found;
+    let results: Vec<(Vec<Report>, Stats, u64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                scope.spawn(move || {
+                    let mut failed = Vec::new();
+                    let mut stats = Stats::default();
+                    let mut events = 0;
+                    let mut seed = base + w;
+                    while seed < base + count
+                        && !(first_only && found.load(std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let report = run(make(seed));
+                        stats.add(&report.stats);
+                        events += report.events;
+                        if !report.violations.is_empty() {
+                            found.store(true, std::sync::atomic::Ordering::Relaxed);
+                            failed.push(report);
+                        }
+                        seed += workers;
+                    }
+                    (failed, stats, events)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a sweep worker panicked"))
+            .collect()
+    });
+    let mut failed = Vec::new();
+    let mut stats = Stats::default();
+    let mut events = 0;
+    for (f, s, e) in results {
+        failed.extend(f);
+        stats.add(&s);
+        events += e;
+    }
+    failed.sort_by_key(|r| r.seed);
+    (failed, stats, events)
+}
+
+/// The CI budget: 1,000 seeds (or `FIEF_SEEDS`), zero violations. A
+/// failure prints each failing seed's report (the first in full).
+#[test]
+fn seeds_find_no_violation() {
+    let (count, base) = (seeds(), base());
+    let started = std::time::Instant::now();
+    let (failed, stats, events) = sweep(base, count, false, Config::new);
+    eprintln!(
+        "simulated {count} seeds from {base} in {:.1?}: {events} events, {stats:?}, {} failing",
+        started.elapsed(),
+        failed.len()
+    );
+    if let Some(first) = failed.first() {
+        let seeds: Vec<u64> = failed.iter().map(|r| r.seed).collect();
+        panic!("failing seeds {seeds:?}; the first:\n{}", first.render());
+    }
+    // The runs did something worth checking.
+    assert!(stats.processed > count * 1_000, "{stats:?}");
+    assert!(stats.fences > count / 2, "{stats:?}");
+    assert!(stats.handoffs > count, "{stats:?}");
+}
+
+/// `FIEF_SEED=<n>`: run one seed and print its report and whole trace.
+#[test]
+fn one_seed() {
+    let Some(seed) = std::env::var("FIEF_SEED").ok().and_then(|s| s.parse().ok()) else {
+        return;
+    };
+    let mut cfg = Config::new(seed);
+    cfg.trace_len = usize::MAX;
+    if let Ok(m) = std::env::var("FIEF_SIM_MUTATION") {
+        cfg.mutation = Some(match m.as_str() {
+            "fence-at-ttl" => Mutation::FenceAtTtl,
+            "skip-owner-recheck" => Mutation::SkipOwnerRecheck,
+            "arbiter-early-expiry" => Mutation::ArbiterEarlyExpiry,
+            other => panic!(
+                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck or arbiter-early-expiry"
+            ),
+        });
+    }
+    if let Some(ppm) = std::env::var("FIEF_SIM_DRIFT_PPM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        cfg.drift_ppm = Some(ppm);
+    }
+    let report = run(cfg);
+    println!("{}", report.render());
+    assert!(report.violations.is_empty(), "seed {seed} failed");
+}
+
+/// The same seed gives the same history, event for event.
+#[test]
+fn a_seed_reproduces_exactly() {
+    for seed in [1, 17, 4242] {
+        let a = run(Config::new(seed));
+        let b = run(Config::new(seed));
+        assert_eq!(a.trace, b.trace);
+        assert_eq!(a.stats, b.stats);
+        assert_eq!(a.events, b.events);
+    }
+}
+
+fn catches(mutation: Option<Mutation>, drift_ppm: Option<u32>) -> Option<Report> {
+    let (failed, _, _) = sweep(0, CI_SEEDS, true, |seed| Config {
+        mutation,
+        drift_ppm,
+        ..Config::new(seed)
+    });
+    failed.into_iter().next()
+}
+
+/// Mutation check: fencing at the TTL instead of TTL − margin is caught.
+#[test]
+fn mutation_fence_at_ttl_is_caught() {
+    let report =
+        catches(Some(Mutation::FenceAtTtl), None).expect("the checker missed fence-at-ttl");
+    eprintln!("{}", report.render());
+}
+
+/// Mutation check: an owner that skips the re-check is caught.
+#[test]
+fn mutation_skip_owner_recheck_is_caught() {
+    let report = catches(Some(Mutation::SkipOwnerRecheck), None)
+        .expect("the checker missed skip-owner-recheck");
+    eprintln!("{}", report.render());
+}
+
+/// Mutation check: an arbiter that expires leases early is caught.
+#[test]
+fn mutation_arbiter_early_expiry_is_caught() {
+    let report = catches(Some(Mutation::ArbiterEarlyExpiry), None)
+        .expect("the checker missed arbiter-early-expiry");
+    eprintln!("{}", report.render());
+}
+
+/// Drift within the configured bound (1%) is safe — that is the CI sweep —
+/// and drift far beyond it (30%: a slow node's fence point falls after the
+/// arbiter's expiry) is what breaks single ownership.
+#[test]
+fn drift_beyond_the_bound_breaks_ownership() {
+    let report = catches(None, Some(300_000)).expect("30% drift should break single ownership");
+    eprintln!("{}", report.render());
+}

@@ -1,0 +1,479 @@
+//! The node's Prometheus metrics, served at `GET /metrics`.
+//!
+//! Two kinds of figure. *Counters and histograms* are kept by [`Metrics`]
+//! (one per node, so several embedded [`Instance`](crate::Instance)s in one
+//! process never mix their figures) and moved by small hooks where things
+//! happen: a fence (`NodeShared::fence`), a key process starting or ending
+//! (the key task), a call finishing, a module compiling. *Gauges* are not
+//! kept at all: [`render`] reads them from the node's state at scrape time
+//! (lease time left, partitions owned, epoch, term, live keys and mailbox
+//! depth per module, limbo, the cache's figures), so they can never drift
+//! from what `GET /v1/status` says. Lease renewals are counted by the lease
+//! bookkeeping itself ([`fief_core::Lease::renewal_counts`]); a fence folds
+//! the counts of the lease it gives up into [`Metrics`].
+//!
+//! The text is OpenMetrics (`prometheus-client`), which Prometheus scrapes
+//! natively. Every name starts with `fief_`; `docs/operations.md` lists them
+//! with what to alert on.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fief_core::RenewalCounts;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::key::lock;
+use crate::node::{LeaseState, Status};
+
+/// The content type of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// One label.
+type Labels1 = [(&'static str, String); 1];
+/// Two labels.
+type Labels2 = [(&'static str, String); 2];
+/// Three labels.
+type Labels3 = [(&'static str, String); 3];
+
+/// Which way a call went, for [`Metrics::call_done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallRoute {
+    /// Arrived here (API or embedding program) and served here.
+    Local,
+    /// Arrived here and was forwarded to the owner.
+    Routed,
+    /// Forwarded here by a peer and served here.
+    Peer,
+}
+
+impl CallRoute {
+    fn label(self) -> &'static str {
+        match self {
+            CallRoute::Local => "local",
+            CallRoute::Routed => "routed",
+            CallRoute::Peer => "peer",
+        }
+    }
+}
+
+/// A node's counters and histograms (gauges are read at scrape time).
+pub(crate) struct Metrics {
+    registry: Registry,
+    fences: Family<Labels1, Counter>,
+    renewals: Family<Labels1, Counter>,
+    /// Renewal counts of leases given up (a fence folds them in).
+    renewals_past: Mutex<RenewalCounts>,
+    activations: Family<Labels1, Counter>,
+    kills: Family<Labels2, Counter>,
+    calls: Family<Labels3, Counter>,
+    call_seconds: Family<Labels1, Histogram>,
+    compile_seconds: Family<Labels1, Histogram>,
+    cache: Family<Labels1, Counter>,
+    gauges: Gauges,
+    /// Calls served on this node per module (local and for peers), for the
+    /// dashboard's call rates.
+    served: Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+/// Gauges, set from the node's state by [`render`].
+#[derive(Default)]
+struct Gauges {
+    lease_remaining: Gauge<f64, AtomicU64>,
+    lease_ttl: Gauge<f64, AtomicU64>,
+    lease_state: Family<Labels1, Gauge>,
+    partitions: Gauge,
+    partitions_owned: Gauge,
+    epoch: Gauge,
+    leader_term: Gauge,
+    leader: Gauge,
+    nodes: Gauge,
+    live_keys: Family<Labels1, Gauge>,
+    mailbox_depth: Family<Labels1, Gauge>,
+    limbo: Gauge,
+    cache_entries: Gauge,
+    cache_bytes: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~13 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+fn compile_histogram() -> Histogram {
+    // 1 ms .. ~131 s (a Python component takes seconds to compile).
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+impl Metrics {
+    /// Fresh metrics, every series registered.
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::with_prefix("fief");
+        let fences = Family::<Labels1, Counter>::default();
+        let renewals = Family::<Labels1, Counter>::default();
+        let activations = Family::<Labels1, Counter>::default();
+        let kills = Family::<Labels2, Counter>::default();
+        let calls = Family::<Labels3, Counter>::default();
+        let call_seconds =
+            Family::<Labels1, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        let compile_seconds =
+            Family::<Labels1, Histogram>::new_with_constructor(compile_histogram as fn() -> _);
+        let cache = Family::<Labels1, Counter>::default();
+        let gauges = Gauges::default();
+        let r = &mut registry;
+        r.register("fences", "Times this node fenced, by cause", fences.clone());
+        r.register(
+            "lease_renewals",
+            "Lease renewals (the registration included) by outcome: ok, or failed (refused, unanswered, or answered after the fence point)",
+            renewals.clone(),
+        );
+        r.register(
+            "key_activations",
+            "Key processes started, by module",
+            activations.clone(),
+        );
+        r.register(
+            "key_kills",
+            "Key processes ended by the host or by their limits, by module and cause (fence, cpu_limit, memory_limit, idle, moved, operator, shutdown, trap, other)",
+            kills.clone(),
+        );
+        r.register(
+            "calls",
+            "Calls finished, by module, route (local: served here; routed: forwarded to the owner; peer: served here for a peer) and outcome (ok, error)",
+            calls.clone(),
+        );
+        r.register(
+            "call_duration_seconds",
+            "Call latency by route (local, routed, peer)",
+            call_seconds.clone(),
+        );
+        r.register(
+            "module_compile_seconds",
+            "Time to make a deployed component runnable, by whether it came from the compile cache",
+            compile_seconds.clone(),
+        );
+        r.register(
+            "cache_operations",
+            "The coherent cache's owner-side events on this node: hit, miss, eviction, expiration, ownership_drop",
+            cache.clone(),
+        );
+        r.register(
+            "lease_remaining_seconds",
+            "Time left before this node's fence point (0 unless its lease is current)",
+            gauges.lease_remaining.clone(),
+        );
+        r.register(
+            "lease_ttl_seconds",
+            "The configured lease time-to-live",
+            gauges.lease_ttl.clone(),
+        );
+        r.register(
+            "lease_state",
+            "1 for the lease's state (pending, current, fenced), 0 for the others",
+            gauges.lease_state.clone(),
+        );
+        r.register(
+            "partitions",
+            "Partitions in the namespace",
+            gauges.partitions.clone(),
+        );
+        r.register(
+            "partitions_owned",
+            "Partitions this node owns per its table",
+            gauges.partitions_owned.clone(),
+        );
+        r.register(
+            "table_epoch",
+            "Epoch of the partition table this node knows",
+            gauges.epoch.clone(),
+        );
+        r.register(
+            "leader_term",
+            "The leader's term if this node leads, else 0",
+            gauges.leader_term.clone(),
+        );
+        r.register("leader", "1 if this node leads", gauges.leader.clone());
+        r.register(
+            "cluster_nodes",
+            "Live nodes of the namespace as this node last heard from the arbiter",
+            gauges.nodes.clone(),
+        );
+        r.register(
+            "live_keys",
+            "Live key processes on this node, by module",
+            gauges.live_keys.clone(),
+        );
+        r.register(
+            "mailbox_depth",
+            "Messages waiting in the mailboxes of a module's live keys on this node",
+            gauges.mailbox_depth.clone(),
+        );
+        r.register(
+            "limbo_entries",
+            "Survivors in limbo (continue/callback keys that outlived a fence)",
+            gauges.limbo.clone(),
+        );
+        r.register(
+            "cache_entries",
+            "Coherent cache entries held as owner",
+            gauges.cache_entries.clone(),
+        );
+        r.register(
+            "cache_bytes",
+            "Bytes charged to the coherent cache's entries",
+            gauges.cache_bytes.clone(),
+        );
+        Metrics {
+            registry,
+            fences,
+            renewals,
+            renewals_past: Mutex::new(RenewalCounts::default()),
+            activations,
+            kills,
+            calls,
+            call_seconds,
+            compile_seconds,
+            cache,
+            gauges,
+            served: Mutex::new(std::collections::BTreeMap::new()),
+        }
+    }
+
+    /// The node fenced for `cause`, giving up a lease that settled
+    /// `renewals`.
+    pub(crate) fn fenced(&self, cause: &str, renewals: RenewalCounts) {
+        self.fences
+            .get_or_create(&[("cause", fence_cause(cause))])
+            .inc();
+        let mut past = lock(&self.renewals_past);
+        past.ok += renewals.ok;
+        past.failed += renewals.failed;
+    }
+
+    /// A key process of `module` started.
+    pub(crate) fn activated(&self, module: &str) {
+        self.activations
+            .get_or_create(&[("module", module.to_owned())])
+            .inc();
+    }
+
+    /// A key process of `module` ended for `cause` (see [`kill_cause`]).
+    pub(crate) fn killed(&self, module: &str, cause: &'static str) {
+        self.kills
+            .get_or_create(&[("module", module.to_owned()), ("cause", cause.to_owned())])
+            .inc();
+    }
+
+    /// A call to `module` finished after `elapsed`.
+    pub(crate) fn call_done(&self, module: &str, route: CallRoute, ok: bool, elapsed: Duration) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.calls
+            .get_or_create(&[
+                ("module", module.to_owned()),
+                ("route", route.label().to_owned()),
+                ("outcome", outcome.to_owned()),
+            ])
+            .inc();
+        self.call_seconds
+            .get_or_create(&[("route", route.label().to_owned())])
+            .observe(elapsed.as_secs_f64());
+        if route != CallRoute::Routed {
+            *lock(&self.served).entry(module.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// A module version was made runnable in `elapsed`.
+    pub(crate) fn compiled(&self, cached: bool, elapsed: Duration) {
+        self.compile_seconds
+            .get_or_create(&[("cached", cached.to_string())])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Calls served on this node so far, per module.
+    pub(crate) fn served(&self) -> std::collections::BTreeMap<String, u64> {
+        lock(&self.served).clone()
+    }
+}
+
+/// A short label for a fence cause (the causes `NodeShared::fence` is given);
+/// an unknown cause is kept as it is.
+fn fence_cause(cause: &str) -> String {
+    let short = if cause.contains("before the fence point") {
+        "renewal_timeout"
+    } else if cause.contains("expired") {
+        "lease_expired"
+    } else if cause.contains("coordination") {
+        "coordination_crash"
+    } else if cause == "requested" {
+        "requested"
+    } else {
+        return cause.to_owned();
+    };
+    short.to_owned()
+}
+
+/// The `cause` label of a key's end, from the host's kill reason or the
+/// guest's death.
+pub(crate) fn kill_cause(killed_for: Option<&str>, died_of: Option<&str>) -> &'static str {
+    if let Some(reason) = killed_for {
+        return if reason.contains("fence") {
+            "fence"
+        } else if reason.contains("moved") {
+            "moved"
+        } else if reason.contains("operator") {
+            "operator"
+        } else if reason.contains("shutting down") || reason.contains("crashed") {
+            "shutdown"
+        } else {
+            "other"
+        };
+    }
+    match died_of {
+        Some(why) if why.starts_with("CPU limit") => "cpu_limit",
+        Some(why) if why.starts_with("memory limit") => "memory_limit",
+        Some(_) => "trap",
+        None => "other",
+    }
+}
+
+impl crate::Instance {
+    /// The node's metrics as OpenMetrics text (what `GET /metrics` serves):
+    /// counters and histograms as they stand, gauges read from the node now.
+    pub async fn metrics_text(&self) -> String {
+        let shared = self.shared();
+        let status = self.status();
+        let extra = Extra {
+            mailbox_depth: shared
+                .slots()
+                .iter()
+                .map(|slot| (slot.name.to_string(), slot.queued()))
+                .collect(),
+            limbo: self.limbo().await.len(),
+            renewals: shared.renewal_counts(),
+            lease_ttl: shared.config.lease_ttl,
+        };
+        render(&shared.metrics, &status, &extra)
+    }
+}
+
+/// What [`render`] needs besides the node's [`Status`].
+pub(crate) struct Extra {
+    /// Queued messages per module.
+    pub(crate) mailbox_depth: Vec<(String, usize)>,
+    /// Survivors in limbo.
+    pub(crate) limbo: usize,
+    /// The current lease's renewal counts.
+    pub(crate) renewals: RenewalCounts,
+    /// The configured lease TTL.
+    pub(crate) lease_ttl: Duration,
+}
+
+/// The metrics text: gauges set from `status` and `extra`, then every
+/// series encoded.
+pub(crate) fn render(metrics: &Metrics, status: &Status, extra: &Extra) -> String {
+    let g = &metrics.gauges;
+    g.lease_remaining
+        .set(status.lease_remaining_ms as f64 / 1000.0);
+    g.lease_ttl.set(extra.lease_ttl.as_secs_f64());
+    for (name, state) in [
+        ("pending", LeaseState::Pending),
+        ("current", LeaseState::Current),
+        ("fenced", LeaseState::Fenced),
+    ] {
+        g.lease_state
+            .get_or_create(&[("state", name.to_owned())])
+            .set(i64::from(status.lease == state));
+    }
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    g.partitions.set(i64::from(status.partitions));
+    g.partitions_owned.set(int(status.partitions_owned as u64));
+    g.epoch.set(int(status.epoch));
+    g.leader_term.set(int(status.leader_term.unwrap_or(0)));
+    g.leader.set(i64::from(status.leader_term.is_some()));
+    g.nodes.set(int(status.nodes.len() as u64));
+    // Modules come and go (an undeploy): rebuild the per-module gauges.
+    g.live_keys.clear();
+    for module in &status.modules {
+        g.live_keys
+            .get_or_create(&[("module", module.name.clone())])
+            .set(int(module.live_keys as u64));
+    }
+    g.mailbox_depth.clear();
+    for (module, depth) in &extra.mailbox_depth {
+        g.mailbox_depth
+            .get_or_create(&[("module", module.clone())])
+            .set(int(*depth as u64));
+    }
+    g.limbo.set(int(extra.limbo as u64));
+    g.cache_entries.set(int(status.cache.entries));
+    g.cache_bytes.set(int(status.cache.bytes));
+    let set_counter = |family: &Family<Labels1, Counter>, label: &'static str, v: &str, n: u64| {
+        family
+            .get_or_create(&[(label, v.to_owned())])
+            .inner()
+            .store(n, Ordering::Relaxed);
+    };
+    let cache = &status.cache;
+    for (event, n) in [
+        ("hit", cache.hits),
+        ("miss", cache.misses),
+        ("eviction", cache.evictions),
+        ("expiration", cache.expirations),
+        ("ownership_drop", cache.ownership_drops),
+    ] {
+        set_counter(&metrics.cache, "event", event, n);
+    }
+    let past = *lock(&metrics.renewals_past);
+    set_counter(
+        &metrics.renewals,
+        "outcome",
+        "ok",
+        past.ok + extra.renewals.ok,
+    );
+    set_counter(
+        &metrics.renewals,
+        "outcome",
+        "failed",
+        past.failed + extra.renewals.failed,
+    );
+    let mut text = String::new();
+    encode(&mut text, &metrics.registry).expect("writing to a String cannot fail");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_get_short_labels() {
+        assert_eq!(
+            fence_cause("the lease could not be renewed before the fence point"),
+            "renewal_timeout"
+        );
+        assert_eq!(
+            fence_cause("the arbiter says the lease expired"),
+            "lease_expired"
+        );
+        assert_eq!(
+            fence_cause("the coordination loop crashed"),
+            "coordination_crash"
+        );
+        assert_eq!(fence_cause("something new"), "something new");
+        assert_eq!(kill_cause(Some("the node is fenced"), None), "fence");
+        assert_eq!(
+            kill_cause(None, Some("CPU limit exceeded: the callback ran")),
+            "cpu_limit"
+        );
+        assert_eq!(
+            kill_cause(None, Some("memory limit exceeded: the key tried")),
+            "memory_limit"
+        );
+        assert_eq!(kill_cause(None, Some("trapped: unreachable")), "trap");
+    }
+}
