@@ -260,7 +260,14 @@ pub(crate) async fn modules(args: ModulesArgs) -> anyhow::Result<()> {
                     v["deployed_by"].as_str().unwrap_or("?"),
                     v["deployed_at"].as_str().unwrap_or("?"),
                 );
-                println!("      options {}", v["options"]);
+                match serde_json::from_value::<fief::ModuleOptions>(v["options"].clone()) {
+                    Ok(options) => {
+                        for (name, value) in options.limits_and_capabilities() {
+                            println!("      {name}: {value}");
+                        }
+                    }
+                    Err(_) => println!("      options {}", v["options"]),
+                }
             }
         }
     }

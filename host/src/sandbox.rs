@@ -292,15 +292,13 @@ fn min_size(value: Option<ByteSize>, cap: Option<ByteSize>) -> Option<ByteSize> 
 
 impl ModuleOptions {
     /// The limits and capabilities a module's keys run under, as
-    /// `(name, value)` lines for `fief modules --verbose`. `node_max_message`
-    /// is the node's `max_message_size`, the ceiling of the module's own.
-    pub fn limits_and_capabilities(
-        &self,
-        node_max_message: ByteSize,
-    ) -> Vec<(&'static str, String)> {
+    /// `(name, value)` lines for `fief modules --verbose`. A message or
+    /// reply size left unset is the node's `max_message_size` (which also
+    /// caps one that is set).
+    pub fn limits_and_capabilities(&self) -> Vec<(&'static str, String)> {
         let size = |s: Option<ByteSize>| match s {
-            Some(s) => s.min(node_max_message).to_string(),
-            None => format!("{node_max_message} (the node's max_message_size)"),
+            Some(s) => format!("{s} (at most the node's max_message_size)"),
+            None => "the node's max_message_size".to_owned(),
         };
         vec![
             ("on_fence", self.on_fence.as_str().to_owned()),
@@ -475,6 +473,35 @@ mod tests {
             bucket.take(t2).unwrap();
         }
         assert!(bucket.take(t2).is_err());
+    }
+
+    #[test]
+    fn limits_and_capabilities_name_every_limit_and_grant() {
+        let lines = ModuleOptions::default().limits_and_capabilities();
+        let get = |name: &str| {
+            lines
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no {name} line in {lines:?}"))
+        };
+        assert_eq!(get("filesystem"), "none");
+        assert!(get("network").starts_with("none"));
+        assert_eq!(get("clocks, random"), "allowed");
+        assert_eq!(get("max_publishes_per_second"), "1000");
+        assert!(get("cpu_limit").contains("epoch budget"));
+        assert_eq!(get("max_reply_size"), "the node's max_message_size");
+        let granted = ModuleOptions {
+            dir: Some("/srv/data:rw".parse().unwrap()),
+            ..ModuleOptions::default()
+        };
+        let lines = granted.limits_and_capabilities();
+        assert!(
+            lines
+                .iter()
+                .any(|(n, v)| *n == "filesystem" && v == "/srv/data at /data (read-write)"),
+            "{lines:?}"
+        );
     }
 
     #[test]
