@@ -173,6 +173,14 @@ pub enum Error {
         /// The bound.
         limit: usize,
     },
+    /// The API request carries no valid token, and the node requires one
+    /// ([`crate::auth`]).
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// The caller's token does not allow this operation (a tenant asking
+    /// for a cluster operation).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// The module has no such stored version (a rollback to a version that
     /// was never deployed or was removed).
     #[error(
@@ -191,14 +199,6 @@ pub enum Error {
         "the module store is unavailable: {0}; nothing was changed, retry when the arbiter is reachable"
     )]
     ModuleStore(String),
-    /// The API request carries no valid token, and the node requires one
-    /// ([`crate::auth`]).
-    #[error("unauthorized: {0}")]
-    Unauthorized(String),
-    /// The caller's token does not allow this operation (a tenant asking
-    /// for a cluster operation).
-    #[error("forbidden: {0}")]
-    Forbidden(String),
     /// Something that should not happen; a bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -233,10 +233,10 @@ impl Error {
             Error::MethodNotAllowed(_) => "method_not_allowed",
             Error::VersionConflict { .. } => "version_conflict",
             Error::CacheEntryTooLarge { .. } => "cache_entry_too_large",
-            Error::UnknownModuleVersion { .. } => "unknown_module_version",
-            Error::ModuleStore(_) => "module_store_unavailable",
             Error::Unauthorized(_) => "unauthorized",
             Error::Forbidden(_) => "forbidden",
+            Error::UnknownModuleVersion { .. } => "unknown_module_version",
+            Error::ModuleStore(_) => "module_store_unavailable",
             Error::Internal(_) => "internal",
         }
     }

@@ -48,7 +48,7 @@ pub use error::{Error, Result};
 pub use fief_core as core;
 pub use key::{KeyLife, KeyLifeEvent, LiveKey};
 pub use limbo::LimboEntry;
-pub use sandbox::TenantLimits;
 pub use node::{
     Instance, InstanceBuilder, KeyLifeObserver, LeaseState, ModuleInfo, NodeStatus, Status,
 };
+pub use sandbox::TenantLimits;

@@ -74,7 +74,6 @@ enum TokenCommand {
     Hash,
 }
 
-
 #[derive(Subcommand)]
 enum CacheCommand {
     /// Print an entry's value (fails if there is none).
@@ -136,6 +135,7 @@ impl CacheExpectArgs {
         }
     }
 }
+
 /// How `fief node` writes its log (to stderr).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 enum LogFormat {
@@ -147,13 +147,12 @@ enum LogFormat {
     Json,
 }
 
-
 #[derive(Args)]
+struct NodeArgs {
     /// Log format: `text` or `json`. The level comes from `RUST_LOG`
     /// (default `info`), e.g. `RUST_LOG=fief=debug`.
     #[arg(long, env = "FIEF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-struct NodeArgs {
     /// A TOML file with node settings (the keys of `NodeConfig`).
     #[arg(long, env = "FIEF_CONFIG")]
     config: Option<PathBuf>,
@@ -497,10 +496,10 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
                 }
             }
             () = stop.stop_requested() => {}
+        }
         // Ends the dashboard's event streams, which would otherwise hold
         // the graceful shutdown open.
         stop.request_stop();
-        }
     };
     let options = fief::http::ApiOptions { auth, tls };
     fief::http::serve_with(instance.clone(), listener, options, shutdown).await?;

@@ -467,7 +467,6 @@ impl NodeShared {
         let Some(gained) = gained_partitions(&self.table(), &newer, &self.node_id) else {
             return false;
         };
-
         if !gained.is_empty() {
             let reaped = self.limbo.reap(gained).await;
             if reaped > 0 {
@@ -654,9 +653,9 @@ impl NodeShared {
         // Running guest code stops now, not after the sweep below (which is
         // O(live keys)): past the fence point the epoch callback interrupts
         // every `terminate` key, flagged or not (key.rs, `KeyProcess::start`).
+        self.runtime.engine.increment_epoch();
         let renewals = lock(&self.lease).take_renewal_counts();
         self.metrics.fenced(cause, renewals);
-        self.runtime.engine.increment_epoch();
         *lock(&self.leader_term) = None;
         lock(&self.unsure).clear();
         // Forget the table: after a rejoin every partition this node gets is
@@ -707,7 +706,9 @@ impl NodeShared {
         let me = &self.node_id;
         let mut killed = 0;
         for slot in self.slots() {
-            killed += slot.kill_where("the partition moved to another node", |p| lost(table, me, p));
+            killed += slot.kill_where("the partition moved to another node", |p| {
+                lost(table, me, p)
+            });
         }
         if killed > 0 {
             self.runtime.engine.increment_epoch();
@@ -808,9 +809,9 @@ pub struct Status {
     pub lease: LeaseState,
     /// Time left before the fence point, in milliseconds (0 unless current).
     pub lease_remaining_ms: u128,
-    /// The leader's term, if this node leads.
     /// The lease time-to-live, in milliseconds (for lease bars).
     pub lease_ttl_ms: u128,
+    /// The leader's term, if this node leads.
     pub leader_term: Option<u64>,
     /// Partition table epoch known to this node.
     pub epoch: u64,
@@ -976,8 +977,8 @@ impl InstanceBuilder {
             fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
             cache: Mutex::new(CacheStore::new(cache_max_bytes)),
-        });
             metrics: crate::metrics::Metrics::new(),
+        });
         // Builder modules go through the module store like any deploy; then
         // the node loads everything the store has before it joins, so it
         // never owns a partition without its modules.
@@ -1050,13 +1051,13 @@ impl Instance {
         &self.shared.config
     }
 
-    /// Deploy (or replace) a module in the whole cluster, as `"anonymous"`
     /// The state shared with the node's tasks (for the metrics and the
     /// dashboard, which read it at request time).
     pub(crate) fn shared(&self) -> &Arc<NodeShared> {
         &self.shared
     }
 
+    /// Deploy (or replace) a module in the whole cluster, as `"anonymous"`
     /// (see [`Instance::deploy_as`]). Live keys of a replaced module finish
     /// on their version; new activations use the new one.
     ///
@@ -1163,8 +1164,8 @@ impl Instance {
             node_id: shared.node_id.to_string(),
             lease: state,
             lease_remaining_ms: remaining,
-            leader_term: lock(&shared.leader_term).map(|t| t.0),
             lease_ttl_ms: shared.config.lease_ttl.as_millis(),
+            leader_term: lock(&shared.leader_term).map(|t| t.0),
             epoch: table.epoch(),
             partitions: table.partitions().get(),
             partitions_owned: table.count_owned_by(&shared.node_id),

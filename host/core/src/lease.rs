@@ -384,12 +384,18 @@ mod tests {
         assert_eq!(lease.renewal_counts(), RenewalCounts { ok: 2, failed: 1 });
         // One in flight when the lease is given up counts as failed.
         let _in_flight = lease.begin_renewal(t0 + ms(3000));
-        assert_eq!(lease.take_renewal_counts(), RenewalCounts { ok: 2, failed: 2 });
+        assert_eq!(
+            lease.take_renewal_counts(),
+            RenewalCounts { ok: 2, failed: 2 }
+        );
         assert_eq!(lease.renewal_counts(), RenewalCounts::default());
         // An answer after the fence point is a failure too.
         let late = lease.begin_renewal(t0 + ms(3500));
         lease.renewal_succeeded(late, t0 + ms(9000));
-        assert_eq!(lease.take_renewal_counts(), RenewalCounts { ok: 0, failed: 1 });
+        assert_eq!(
+            lease.take_renewal_counts(),
+            RenewalCounts { ok: 0, failed: 1 }
+        );
     }
 
     #[test]
