@@ -6,7 +6,9 @@
 include!("guest_build.rs");
 
 /// Rust guest packages the tests need.
-const GUESTS: &[&str] = &["counter", "room", "probe", "spin", "bomb", "quiet", "hostile"];
+const GUESTS: &[&str] = &[
+    "counter", "room", "probe", "spin", "bomb", "quiet", "hostile",
+];
 
 /// Python and JavaScript guests the tests need: source directories (with an
 /// `app.py` or `app.js`) relative to the workspace root. Each one's path

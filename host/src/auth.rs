@@ -38,6 +38,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::validate_module_name;
 use crate::error::{Error, Result};
+use crate::sandbox::TenantLimits;
 
 /// Shortest plain token accepted (bytes); shorter ones are guessable.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -256,11 +257,20 @@ pub fn new_token() -> Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The tokens a node accepts, each as a digest with the identity it grants.
+/// The tokens a node accepts, each as a digest with the identity it grants,
+/// and each tenant's caps on its modules' options.
 #[derive(Clone, Default)]
 pub struct Auth {
     entries: Vec<(TokenDigest, Identity)>,
+    limits: BTreeMap<String, Arc<TenantLimits>>,
 }
+
+/// The caps that apply to a request's deploys: the tenant's
+/// [`TenantLimits`], or `None` for the admin and on an open node (whose
+/// deploys are bounded by the node's own limits only). The HTTP layer puts
+/// it in the request's extensions beside the [`Identity`].
+#[derive(Clone, Debug, Default)]
+pub struct DeployCaps(pub Option<Arc<TenantLimits>>);
 
 impl fmt::Debug for Auth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -286,7 +296,8 @@ struct TokensFile {
     tenants: BTreeMap<String, TokenList>,
 }
 
-/// One identity's tokens: plain (hashed at load) and/or SHA-256 digests.
+/// One identity's tokens: plain (hashed at load) and/or SHA-256 digests;
+/// for a tenant, also the caps on its modules' options.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct TokenList {
@@ -294,6 +305,8 @@ struct TokenList {
     tokens: Vec<String>,
     #[serde(default)]
     token_sha256: Vec<String>,
+    #[serde(default)]
+    limits: Option<TenantLimits>,
 }
 
 impl Auth {
@@ -314,7 +327,14 @@ impl Auth {
     /// token_sha256 = ["<64 hex digits>"]   # `fief token hash TOKEN`
     /// [tenants.acme]
     /// tokens = ["a-plain-token-of-16-bytes-or-more"]  # hashed at load
+    /// [tenants.acme.limits]                # caps on acme's module options
+    /// memory_limit = "32MiB"
+    /// max_live_keys = 1000
+    /// allowed_dirs = ["/srv/acme:rw"]
     /// ```
+    ///
+    /// A tenant without `limits` gets the default [`TenantLimits`]: no cap
+    /// beyond the node's own limits, and no directory.
     ///
     /// # Errors
     ///
@@ -343,6 +363,12 @@ impl Auth {
             toml::from_str(text).map_err(|e| format!("not valid TOML: {e}"))?
         };
         let mut auth = Auth::open();
+        if file.admin.limits.is_some() {
+            return Err(
+                "[admin] cannot have limits: caps apply to tenants ([tenants.NAME.limits])"
+                    .to_owned(),
+            );
+        }
         auth.add_list(&file.admin, &Identity::Admin, "[admin]")?;
         for (tenant, list) in &file.tenants {
             validate_module_name(tenant).map_err(|_| {
@@ -357,8 +383,27 @@ impl Auth {
                 ));
             }
             auth.add_list(list, &Identity::Tenant(Arc::from(tenant.as_str())), &what)?;
+            auth.set_limits(tenant, list.limits.clone().unwrap_or_default());
         }
         Ok(auth)
+    }
+
+    /// Cap the options of `tenant`'s modules with `limits` (replacing any
+    /// caps it had). Checked at each of the tenant's deploys.
+    pub fn set_limits(&mut self, tenant: &str, limits: TenantLimits) {
+        self.limits.insert(tenant.to_owned(), Arc::new(limits));
+    }
+
+    /// The caps on the deploys of `identity`: its tenant's limits (the
+    /// default, directory-less [`TenantLimits`] for a tenant the file gave
+    /// none), or `None` for the admin and on an open node.
+    pub fn deploy_caps(&self, identity: &Identity) -> DeployCaps {
+        DeployCaps(identity.tenant().map(|tenant| {
+            self.limits
+                .get(tenant)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(TenantLimits::default()))
+        }))
     }
 
     fn add_list(
@@ -470,7 +515,9 @@ pub(crate) async fn authenticate(
         .map(|v| v.to_str().unwrap_or(""));
     match auth.authenticate(header) {
         Ok(identity) => {
+            let caps = auth.deploy_caps(&identity);
             request.extensions_mut().insert(identity);
+            request.extensions_mut().insert(caps);
             next.run(request).await
         }
         Err(e) => {
@@ -575,6 +622,18 @@ mod tests {
         assert!(!err.contains("short\""), "{err}");
         let err = Auth::parse("[tenants.acme]\ntoken_sha256 = [\"zz\"]", false).unwrap_err();
         assert!(err.contains("64 hex digits"), "{err}");
+        let err = Auth::parse(
+            "[admin]\ntokens = [\"0123456789abcdef\"]\n[admin.limits]\nmax_live_keys = 1",
+            false,
+        )
+        .unwrap_err();
+        assert!(err.contains("[admin] cannot have limits"), "{err}");
+        let err = Auth::parse(
+            "[tenants.acme]\ntokens = [\"0123456789abcdef\"]\n[tenants.acme.limits]\nmemory = 1",
+            false,
+        )
+        .unwrap_err();
+        assert!(err.contains("memory"), "an unknown cap is named: {err}");
         let err =
             Auth::parse("[tenants.\"a/b\"]\ntokens = [\"0123456789abcdef\"]", false).unwrap_err();
         assert!(err.contains("tenant name"), "{err}");

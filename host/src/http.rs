@@ -205,6 +205,7 @@ fn path_pair(
 async fn deploy(
     State(instance): State<Arc<Instance>>,
     Extension(who): Extension<Identity>,
+    Extension(caps): Extension<crate::auth::DeployCaps>,
     name: Result<Path<String>, PathRejection>,
     options: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
@@ -217,7 +218,13 @@ async fn deploy(
         why: format!("the module name in the path must be valid percent-encoded UTF-8: {e}"),
     })?;
     let name = who.module(&name)?;
-    let options = ModuleOptions::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let pairs = options.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    // A tenant's deploy is held to the tenant's caps (its defaults lowered
+    // to them); the admin's and an open node's only to the node's limits.
+    let options = match &caps.0 {
+        Some(limits) => limits.options_from_pairs(pairs)?,
+        None => ModuleOptions::from_pairs(pairs)?,
+    };
     let wasm = crate::http_modules::read_module_body(&headers, body).await?;
     let info = instance
         .deploy_as(&name, wasm, options, &who.label())

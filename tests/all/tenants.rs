@@ -432,3 +432,74 @@ async fn the_module_store_is_scoped_per_tenant_and_records_who_deployed() {
     let (status, _) = api.call(ACME, "counter", "alice", "get").await;
     assert_eq!(status, 404);
 }
+
+/// Issue 5, item 5: a tenant's caps from the tokens file bound its deploys.
+/// An option over a cap is refused, naming the option and the cap, and
+/// nothing is stored; options left unset take the tenant's defaults (the
+/// node's, lowered to the caps); a directory outside the tenant's
+/// `allowed_dirs` is refused; the admin is bound by the node's limits only.
+#[tokio::test]
+async fn a_tenants_caps_from_the_tokens_file_bound_its_deploys() {
+    let file = format!(
+        r#"
+        [admin]
+        tokens = ["{ADMIN}"]
+        [tenants.acme]
+        tokens = ["{ACME}"]
+        [tenants.acme.limits]
+        memory_limit = "16MiB"
+        max_live_keys = 10
+        "#
+    );
+    let auth = Auth::parse(&file, false).expect("the tokens file parses");
+    let caps = auth.deploy_caps(&fief::auth::Identity::Tenant("acme".into()));
+    let caps = caps.0.expect("acme has caps");
+    let node = Arc::new(node_with(&[]).await);
+    let api = Api::start(node.clone(), auth).await;
+    let counter = guests::bytes(guests::COUNTER);
+
+    for (query, option) in [
+        ("memory_limit=64MiB", "memory_limit"),
+        ("max_live_keys=11", "max_live_keys"),
+    ] {
+        let (status, body) = api
+            .deploy(ACME, &format!("counter?{query}"), &counter)
+            .await;
+        assert_eq!(
+            (status, error_code(&body).as_str()),
+            (400, "invalid_options"),
+            "{query}: {body}"
+        );
+        assert!(
+            body.contains(option) && body.contains("cap"),
+            "the refusal names the option and the cap: {body}"
+        );
+    }
+    let grant = std::env::temp_dir().display().to_string();
+    let (status, body) = api
+        .deploy(ACME, &format!("counter?dir={grant}:rw"), &counter)
+        .await;
+    assert_eq!(status, 400, "a directory acme was not allowed: {body}");
+    assert!(
+        node.modules().await.unwrap().is_empty(),
+        "refused deploys store nothing"
+    );
+
+    let (status, body) = api.deploy(ACME, "counter", &counter).await;
+    assert_eq!(status, 200, "{body}");
+    let info: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        info["options"]["memory_limit"],
+        serde_json::to_value(caps.memory_limit.unwrap()).unwrap(),
+        "unset options take the tenant's defaults: {info}"
+    );
+    assert_eq!(info["options"]["max_live_keys"], 10, "{info}");
+    assert_eq!(
+        api.call(ACME, "counter", "alice", "incr").await,
+        (200, "1".into())
+    );
+
+    // The admin is held to the node's limits only.
+    let (status, body) = api.deploy(ADMIN, "big?memory_limit=64MiB", &counter).await;
+    assert_eq!(status, 200, "{body}");
+}
