@@ -187,7 +187,10 @@ impl Host for KeyCtx {
         key: String,
     ) -> wasmtime::Result<Result<Option<types::CacheEntry>, CacheError>> {
         let node = self.gate()?;
-        let namespace = guest_scoped(&self.env.module, &namespace);
+        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
+            Ok(namespace) => namespace,
+            Err(e) => return Ok(Err(cache_error(e))),
+        };
         let op = CacheOp::Get { namespace, key };
         let outcome = node.cache_op(op).await;
         self.gate()?;
@@ -214,8 +217,12 @@ impl Host for KeyCtx {
         if let Err(e) = node.check_message(&value) {
             return Ok(Err(cache_error(e)));
         }
+        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
+            Ok(namespace) => namespace,
+            Err(e) => return Ok(Err(cache_error(e))),
+        };
         let op = CacheOp::Put {
-            namespace: guest_scoped(&self.env.module, &namespace),
+            namespace,
             key,
             value,
             ttl_ms: ttl_ms.map(|ms| ms.max(1)),
@@ -239,8 +246,12 @@ impl Host for KeyCtx {
         expected_version: Option<u64>,
     ) -> wasmtime::Result<Result<bool, CacheError>> {
         let node = self.gate()?;
+        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
+            Ok(namespace) => namespace,
+            Err(e) => return Ok(Err(cache_error(e))),
+        };
         let op = CacheOp::Delete {
-            namespace: guest_scoped(&self.env.module, &namespace),
+            namespace,
             key,
             expect: expectation(expected_version),
         };
@@ -279,6 +290,19 @@ fn expectation(expected_version: Option<u64>) -> Expect {
 }
 
 /// Map a node error to what a guest using the cache sees.
+/// The cache namespace a guest of `module` names, inside its tenant if it
+/// has one. `/` is refused: it separates a tenant from its namespaces, so a
+/// guest naming `other/ns` could otherwise reach another tenant's entries.
+fn guest_cache_namespace(module: &str, namespace: &str) -> Result<String, Error> {
+    if namespace.contains('/') {
+        return Err(Error::InvalidKey(format!(
+            "cache namespace {namespace:?} must not contain '/': a key names namespaces of its \
+             own tenant, without the tenant"
+        )));
+    }
+    Ok(guest_scoped(module, namespace))
+}
+
 fn cache_error(error: Error) -> CacheError {
     match error {
         Error::VersionConflict { current } => CacheError::Conflict(current),
