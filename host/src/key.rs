@@ -38,6 +38,10 @@ use crate::module::CompiledModule;
 use crate::node::NodeShared;
 use crate::sandbox::PublishBucket;
 
+/// Most elements one table of a key may grow to (`table.grow` past it traps
+/// the key); the pool's per-table slot may be smaller.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
 /// Lock a std mutex, ignoring poisoning: every critical section here leaves
 /// the data consistent before it can panic.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -455,7 +459,7 @@ impl KeyProcess {
         let memory_limit = options.memory_limit.as_u64() as usize;
         let limits = wasmtime::StoreLimitsBuilder::new()
             .memory_size(memory_limit)
-            .table_elements(100_000)
+            .table_elements(MAX_TABLE_ELEMENTS)
             .instances(64)
             .trap_on_grow_failure(true)
             .build();
@@ -642,6 +646,13 @@ fn describe_failure(store: &mut Store<KeyCtx>, error: &wasmtime::Error) -> Strin
         return death;
     }
     let text = format!("{error:#}");
+    if text.contains("forcing trap when growing table") || text.contains("table element") {
+        return format!(
+            "table limit exceeded: the key grew a table past its bound (at most \
+             {MAX_TABLE_ELEMENTS} elements, or the pool's table size if smaller): {}",
+            first_line(&error.root_cause().to_string())
+        );
+    }
     if text.contains("exceeds the limit") || text.contains("forcing trap when growing memory") {
         return format!(
             "memory limit exceeded: the key tried to grow its memory past memory_limit ({} bytes)",

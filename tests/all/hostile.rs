@@ -253,6 +253,71 @@ async fn a_handle_table_bomb_is_stopped_at_the_resource_limit() {
     stop(node).await;
 }
 
+/// The hand-written table bomb (`tests/wat/table-bomb.wat`: Rust
+/// cannot emit `table.grow`) as a component of the `fief:key/key-module`
+/// world, made with wit-component from the repository's WIT.
+fn table_bomb_component() -> Vec<u8> {
+    let root = fief_tests::workspace_root();
+    let mut module =
+        wat::parse_file(root.join("tests/wat/table-bomb.wat")).expect("table-bomb.wat parses");
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve.push_dir(root.join("wit")).expect("the WIT package");
+    let world = resolve
+        .select_world(&[package], Some("key-module"))
+        .expect("the key-module world");
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+        false,
+    )
+    .expect("embedding the world");
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .expect("a core module with the world's metadata")
+        .validate(true)
+        .encode()
+        .expect("a component")
+}
+
+/// A table growth bomb (`table.grow` in a loop) is trapped where the key's
+/// tables reach their bound (100 000 elements per table, and the pool's
+/// per-table slot), long before its CPU limit, with an error that says so;
+/// the node goes on serving another module's key, and the bomb's next
+/// message starts a fresh process that bombs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_growth_bomb_is_trapped_at_the_table_limit() {
+    let node = node(hostile_options()).await;
+    node.deploy(
+        "table-bomb",
+        table_bomb_component(),
+        ModuleOptions {
+            cpu_limit: Duration::from_secs(30),
+            ..hostile_options()
+        },
+    )
+    .await
+    .expect("the table bomb is a valid key module");
+    for _ in 0..2 {
+        let (n, message) = (node.clone(), b"grow".to_vec());
+        let result = during(
+            &node,
+            async move { n.call("table-bomb", "t", message).await },
+        )
+        .await;
+        let why = key_died(result);
+        assert!(
+            !why.contains("CPU limit"),
+            "the table limit stopped it: {why}"
+        );
+        assert!(why.contains("table limit exceeded"), "{why}");
+        eprintln!("the table bomb died: {why}");
+        bystander_served(&node).await;
+    }
+    stop(node).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deep_recursion_traps_only_that_key() {
     let node = node(hostile_options()).await;
