@@ -1,8 +1,8 @@
 //! The hostile-guest suite (contract §5 row 10; issue 5 item 6): the
 //! `hostile` guest attacks its node from every callback and through every
 //! import — infinite loops in `init`, `handle-call`, `handle-cast`,
-//! `handle-info`, `handle-fence` and `terminate`, memory and handle-table
-//! bombs, deep recursion, huge replies, floods of timers and publications,
+//! `handle-info`, `handle-fence` and `terminate`, memory, table-growth
+//! (`tests/wat/table-bomb.wat`) and handle-table bombs, deep recursion, huge replies, floods of timers and publications,
 //! calls to itself and call cycles, files and sockets it was not granted.
 //! Each attack is contained with a clear error, and a well-behaved key of
 //! another module (another tenant's) on the same node answers while the
