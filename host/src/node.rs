@@ -352,15 +352,8 @@ impl NodeShared {
     fn deliver_local(self: &Arc<Self>, module: &str, key: &str, envelope: Envelope) -> Result<()> {
         validate_key(key)?;
         let slot = self.module(module)?;
-        // The module's own message limit, under the node's.
-        if let (Envelope::Call { message, .. } | Envelope::Cast { message, .. }, Some(limit)) =
-            (&envelope, slot.current().options.max_message_size)
-            && message.len() as u64 > limit.as_u64()
-        {
-            return Err(Error::MessageTooLarge {
-                size: message.len(),
-                limit: limit.as_u64() as usize,
-            });
+        if let Envelope::Call { message, .. } | Envelope::Cast { message, .. } = &envelope {
+            check_module_message(&slot, message)?;
         }
         match self.route(key) {
             Route::Local { partition, token } => {
@@ -494,6 +487,7 @@ impl NodeShared {
     ) -> Result<Vec<u8>> {
         validate_key(key)?;
         let slot = self.module(module)?;
+        check_module_message(&slot, &message)?;
         let (partition, token) = match self.route(key) {
             Route::Local { partition, token } => (partition, token),
             Route::Forward { owner, .. } => {
@@ -717,6 +711,19 @@ impl NodeShared {
 }
 
 /// Whether a forwarding error suggests this node's table is stale.
+/// The module's own message limit (`max_message_size` of its options), under
+/// the node's, which the caller checked already. Every local delivery path
+/// (the mailbox and the inline call of an idle key) checks it.
+fn check_module_message(slot: &ModuleSlot, message: &[u8]) -> Result<()> {
+    match slot.current().options.max_message_size {
+        Some(limit) if message.len() as u64 > limit.as_u64() => Err(Error::MessageTooLarge {
+            size: message.len(),
+            limit: limit.as_u64() as usize,
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn stale_route(error: &Error) -> bool {
     match error {
         Error::OwnerUnreachable { .. } => true,
