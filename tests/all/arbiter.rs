@@ -206,3 +206,63 @@ async fn the_postgres_migration_is_idempotent_and_namespaces_share_a_database() 
         .expect("a different partition count is refused");
     assert!(err.to_string().contains("partitions"), "{err}");
 }
+
+/// A node cut off from PostgreSQL in the middle of one of its transactions
+/// (which lock the namespace row) does not stop the others: the server ends
+/// the silent session after a second and the lock goes with it, so another
+/// node's campaign answers. Without the session timeout the lock stays until
+/// the dead connection is noticed, and no node can lead or change the table
+/// (the takeover that `processes::` saw stall under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_mid_transaction_does_not_hold_the_namespace_lock() {
+    let db = test_database().await;
+    let ns = unique_namespace("cut-mid-tx");
+    let partitions = PartitionCount::new(PARTITIONS).unwrap();
+    let proxy = fief_tests::multiprocess::PgProxy::start().await;
+    let (a, b) = (NodeId::new("a"), NodeId::new("b"));
+    let cut_node = PostgresArbiter::connect(&proxy.arbiter_url(), &ns, partitions)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let lease_a = cut_node.register(&ns, &a, ttl, None).await.unwrap();
+    let other = PostgresArbiter::connect(&arbiter_url(PG_ADDR), &ns, partitions)
+        .await
+        .unwrap();
+    let lease_b = other.register(&ns, &b, ttl, None).await.unwrap();
+
+    // Slow the cut node's link so its campaign sits between statements,
+    // then cut it there: its session is idle inside a transaction that
+    // holds the namespace row.
+    proxy.set_delay(Duration::from_millis(400));
+    let ns_a = ns.clone();
+    let _campaign = tokio::spawn(async move {
+        let _ = cut_node.campaign(&ns_a, &a, lease_a).await;
+    });
+    // The namespace row is locked once `FOR UPDATE … NOWAIT` from another
+    // session is refused (SQLSTATE 55P03, lock_not_available).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let probe = db
+            .query(
+                "SELECT 1 FROM fief_namespaces WHERE namespace = $1 FOR UPDATE NOWAIT",
+                &[&ns],
+            )
+            .await;
+        match probe {
+            Err(e) if e.code().is_some_and(|c| c.code() == "55P03") => break,
+            Err(e) => panic!("probing the namespace row's lock: {e}"),
+            Ok(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slowed campaign never locked the namespace row"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set_cut(true);
+
+    let answered = tokio::time::timeout(Duration::from_secs(15), other.campaign(&ns, &b, lease_b))
+        .await
+        .expect("another node's campaign answers while the cut node's transaction is dead");
+    answered.unwrap();
+}

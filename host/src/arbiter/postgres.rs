@@ -87,6 +87,17 @@ const MIGRATION_LOCK: i64 = 0x66_69_65_66; // "fief"
 /// How long connecting to the database may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long the server lets one of the arbiter's sessions sit idle inside a
+/// transaction before it ends the session (`idle_in_transaction_session_timeout`).
+/// The arbiter's transactions lock the namespace row (`SELECT … FOR UPDATE`);
+/// a node cut off from the database between two statements would otherwise
+/// hold that lock until the dead TCP connection is noticed (minutes), and no
+/// other node could campaign or change the table: no takeover. Its
+/// transactions are a few statements sent back to back, so a second of
+/// silence inside one means the node is gone or far too slow; the
+/// transaction is rolled back and the node reconnects.
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The PostgreSQL arbiter.
 pub struct PostgresArbiter {
     url: String,
@@ -195,6 +206,15 @@ impl PostgresArbiter {
                 ))
             })?;
             config.connect_timeout(CONNECT_TIMEOUT);
+            let ours = format!(
+                "-c idle_in_transaction_session_timeout={}",
+                IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+            );
+            let options = match config.get_options() {
+                Some(theirs) if !theirs.is_empty() => format!("{theirs} {ours}"),
+                _ => ours,
+            };
+            config.options(options);
             let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
                 .await
                 .map_err(|_| unreachable("connecting timed out"))?
