@@ -59,6 +59,12 @@ pub enum Error {
         "this node is fenced: it cannot prove its lease is current and serves no key; retry on another node or after it rejoins"
     )]
     Fenced,
+    /// The node fenced while leaving: the keys it still held were stopped by
+    /// the fence, not handed off.
+    #[error(
+        "the node fenced while leaving (it could not renew its lease in time): keys it still held were stopped by the fence, not handed off; it rejoins on its own, so run leave again"
+    )]
+    FencedWhileLeaving,
     /// The key's partition has no owner at the moment.
     #[error("partition {0} has no owner right now (a move is under way); retry shortly")]
     Unowned(PartitionId),
@@ -216,7 +222,7 @@ impl Error {
             Error::ReplyTooLarge { .. } => "reply_too_large",
             Error::InvalidModule(_) => "invalid_module",
             Error::InvalidOptions(_) => "invalid_options",
-            Error::Fenced => "fenced",
+            Error::Fenced | Error::FencedWhileLeaving => "fenced",
             Error::Unowned(_) => "unowned",
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::NotOwner { .. } => "not_owner",
@@ -260,6 +266,7 @@ impl Error {
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
             Error::Fenced
+            | Error::FencedWhileLeaving
             | Error::Unowned(_)
             | Error::ShuttingDown
             | Error::NotOwner { .. }

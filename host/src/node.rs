@@ -1248,10 +1248,25 @@ impl Instance {
         let others = members
             .iter()
             .any(|m| m.node != shared.node_id && !m.leaving);
+        // A fence during the leave forgets the table, so "owns nothing"
+        // would then be true without one handoff: the keys it still held
+        // were stopped by the fence. That is not a graceful leave; say so.
+        let fenced_meanwhile = || {
+            *lock(&shared.lease_id) != Some(lease)
+                || shared
+                    .fenced_this_lease
+                    .load(std::sync::atomic::Ordering::SeqCst)
+        };
         if others {
             tracing::info!(node = %shared.node_id, "leaving: handing off partitions");
             let deadline = tokio::time::Instant::now() + timeout;
-            while shared.table().count_owned_by(&shared.node_id) > 0 {
+            loop {
+                if fenced_meanwhile() {
+                    return Err(Error::FencedWhileLeaving);
+                }
+                if shared.table().count_owned_by(&shared.node_id) == 0 {
+                    break;
+                }
                 if tokio::time::Instant::now() >= deadline {
                     return Err(Error::Timeout(timeout));
                 }
@@ -1260,6 +1275,9 @@ impl Instance {
             }
         }
         self.coordination.abort();
+        if fenced_meanwhile() {
+            return Err(Error::FencedWhileLeaving);
+        }
         // Stop serving before the release: once released, the arbiter lets
         // others take whatever this node still owns (found by the
         // simulation, when a leave found no other node to hand off to).

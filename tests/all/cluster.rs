@@ -1069,3 +1069,30 @@ async fn cluster_row8_leave_hands_keys_off_with_no_double_serve() {
     assert_eq!(c.live_on(&key).len(), 1);
     c.check();
 }
+
+/// A node that fences while it leaves does not report a graceful leave: the
+/// fence forgets its table (so it "owns nothing") but its keys were stopped
+/// by the fence, not handed off. Here its handoffs cannot happen (its links
+/// to the other node are cut), so it is still leaving when it fences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_fences_while_leaving_says_so() {
+    let c = Cluster::start(2, &[("counter", guests::COUNTER)]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(0).await;
+    assert_eq!(c.call(0, &key, "incr").await.unwrap(), "1");
+    assert!(c.node(0).set_peer_link("n1", false).await);
+
+    let leave = c.node(0).leave(Duration::from_secs(30));
+    let fence = async {
+        // Let the leave start waiting for its handoffs, then fence.
+        for _ in 0..10 {
+            c.clock.advance(STEP);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        c.node(0).fence_now();
+    };
+    let (left, ()) = tokio::join!(leave, fence);
+    let err = left.expect_err("a leave cut short by a fence is not a graceful leave");
+    assert!(matches!(err, fief::Error::FencedWhileLeaving), "{err}");
+    assert!(err.to_string().contains("not handed off"), "{err}");
+}
