@@ -60,9 +60,9 @@ pub enum Error {
     )]
     Fenced,
     /// The node fenced while leaving: the keys it still held were stopped by
-    /// the fence, not handed off.
+    /// the fence, not handed off. The leave was finished all the same.
     #[error(
-        "the node fenced while leaving (it could not renew its lease in time): keys it still held were stopped by the fence, not handed off; it rejoins on its own, so run leave again"
+        "the node fenced while leaving (it could not renew its lease in time): keys it still held were stopped by the fence, not handed off (their state is lost); the node has left the cluster all the same"
     )]
     FencedWhileLeaving,
     /// The key's partition has no owner at the moment.

@@ -276,11 +276,7 @@ async fn keys(
     Extension(who): Extension<Identity>,
 ) -> impl IntoResponse {
     let mut keys = instance.keys();
-    keys.retain_mut(|k| {
-        who.visible_module(&k.module)
-            .map(|name| k.module = name)
-            .is_some()
-    });
+    only_visible(&who, &mut keys, |k| &mut k.module);
     axum::Json(keys)
 }
 
@@ -289,8 +285,12 @@ async fn leave(
     Extension(who): Extension<Identity>,
 ) -> Result<impl IntoResponse, Error> {
     who.require_admin("leaving the cluster")?;
-    instance.leave(LEAVE_TIMEOUT).await?;
-    instance.request_stop();
+    let left = instance.leave(LEAVE_TIMEOUT).await;
+    // A leave a fence cut short has still left: the process stops either way.
+    if matches!(left, Ok(()) | Err(Error::FencedWhileLeaving)) {
+        instance.request_stop();
+    }
+    left?;
     Ok(axum::Json(json!({"left": true})))
 }
 
@@ -302,12 +302,19 @@ async fn limbo(
     Extension(who): Extension<Identity>,
 ) -> impl IntoResponse {
     let mut entries = instance.limbo().await;
-    entries.retain_mut(|e| {
-        who.visible_module(&e.module)
-            .map(|name| e.module = name)
+    only_visible(&who, &mut entries, |e| &mut e.module);
+    axum::Json(entries)
+}
+
+/// Keep the items whose module `who` may see, renamed as `who` names them
+/// (a tenant's own modules without the tenant).
+fn only_visible<T>(who: &Identity, items: &mut Vec<T>, module: impl Fn(&mut T) -> &mut String) {
+    items.retain_mut(|item| {
+        let module = module(item);
+        who.visible_module(module)
+            .map(|name| *module = name)
             .is_some()
     });
-    axum::Json(entries)
 }
 
 /// The node's metrics; they name every module, so not for a tenant.

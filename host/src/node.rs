@@ -1261,8 +1261,9 @@ impl Instance {
             tracing::info!(node = %shared.node_id, "leaving: handing off partitions");
             let deadline = tokio::time::Instant::now() + timeout;
             loop {
+                // Nothing is left to hand off: finish leaving, then say so.
                 if fenced_meanwhile() {
-                    return Err(Error::FencedWhileLeaving);
+                    break;
                 }
                 if shared.table().count_owned_by(&shared.node_id) == 0 {
                     break;
@@ -1275,9 +1276,7 @@ impl Instance {
             }
         }
         self.coordination.abort();
-        if fenced_meanwhile() {
-            return Err(Error::FencedWhileLeaving);
-        }
+        let fenced = fenced_meanwhile();
         // Stop serving before the release: once released, the arbiter lets
         // others take whatever this node still owns (found by the
         // simulation, when a leave found no other node to hand off to).
@@ -1286,6 +1285,9 @@ impl Instance {
             .await
             .map_err(arbiter_error)?;
         tracing::info!(node = %shared.node_id, "left the cluster");
+        if fenced {
+            return Err(Error::FencedWhileLeaving);
+        }
         Ok(())
     }
 

@@ -1095,4 +1095,9 @@ async fn a_node_that_fences_while_leaving_says_so() {
     let err = left.expect_err("a leave cut short by a fence is not a graceful leave");
     assert!(matches!(err, fief::Error::FencedWhileLeaving), "{err}");
     assert!(err.to_string().contains("not handed off"), "{err}");
+    // It has left all the same: its lease is released.
+    assert!(
+        !c.arbiter_live().await.contains(&"n0".to_owned()),
+        "n0 released its lease"
+    );
 }
