@@ -7,7 +7,7 @@ include!("guest_build.rs");
 
 /// Rust guest packages the tests need.
 const GUESTS: &[&str] = &[
-    "counter", "room", "probe", "spin", "bomb", "quiet", "hostile",
+    "counter", "room", "probe", "spin", "bomb", "quiet", "hostile", "keeper",
 ];
 
 /// Python and JavaScript guests the tests need: source directories (with an

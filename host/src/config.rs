@@ -260,6 +260,11 @@ pub struct ModuleOptions {
     /// Largest reply from one of this module's keys; `None`: the node's
     /// `max_message_size`, which is also the ceiling.
     pub max_reply_size: Option<ByteSize>,
+    /// Largest state one of this module's keys may hand on from `handoff`
+    /// (checked when `handoff` returns; a larger one is that key's loss,
+    /// reported by name); `None`: the node's `max_message_size`, which is
+    /// also the ceiling.
+    pub max_handoff_size: Option<ByteSize>,
     /// Publications one key may make per second (a token bucket with a burst
     /// of one second's worth); over it `publish` fails with `limit`.
     pub max_publishes_per_second: u32,
@@ -283,6 +288,7 @@ impl Default for ModuleOptions {
             max_subscriptions_per_key: 64,
             max_message_size: None,
             max_reply_size: None,
+            max_handoff_size: None,
             max_publishes_per_second: 1000,
             dir: None,
         }
@@ -327,6 +333,7 @@ impl ModuleOptions {
         for (name, size) in [
             ("max_message_size", self.max_message_size),
             ("max_reply_size", self.max_reply_size),
+            ("max_handoff_size", self.max_handoff_size),
         ] {
             if let Some(size) = size
                 && (size.as_u64() == 0 || size > node.max_message_size)
@@ -401,11 +408,12 @@ impl ModuleOptions {
             "max_subscriptions_per_key" => self.max_subscriptions_per_key = count(value)?,
             "max_message_size" => self.max_message_size = Some(size(value)?),
             "max_reply_size" => self.max_reply_size = Some(size(value)?),
+            "max_handoff_size" => self.max_handoff_size = Some(size(value)?),
             "max_publishes_per_second" => self.max_publishes_per_second = count(value)?,
             "dir" => self.dir = Some(value.parse().map_err(Error::InvalidOptions)?),
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_publishes_per_second, dir"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, dir"
                 )));
             }
         }

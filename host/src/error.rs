@@ -48,6 +48,17 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// A key's `handoff` state is over its module's limit: that key's state
+    /// cannot travel with a move (the move goes on; the loss is reported).
+    #[error(
+        "the key's handoff state of {size} bytes is over the limit of {limit} bytes (the module's max_handoff_size, at most the node's max_message_size); it was not handed on"
+    )]
+    HandoffTooLarge {
+        /// The state's size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The uploaded bytes are not a usable key module.
     #[error("invalid module: {0}")]
     InvalidModule(String),
@@ -220,6 +231,7 @@ impl Error {
             Error::InvalidModuleName { .. } => "invalid_module_name",
             Error::MessageTooLarge { .. } => "message_too_large",
             Error::ReplyTooLarge { .. } => "reply_too_large",
+            Error::HandoffTooLarge { .. } => "handoff_too_large",
             Error::InvalidModule(_) => "invalid_module",
             Error::InvalidOptions(_) => "invalid_options",
             Error::Fenced | Error::FencedWhileLeaving => "fenced",
@@ -257,7 +269,9 @@ impl Error {
             | Error::InvalidModuleName { .. }
             | Error::InvalidOptions(_)
             | Error::Config(_) => 400,
-            Error::MessageTooLarge { .. } | Error::CacheEntryTooLarge { .. } => 413,
+            Error::MessageTooLarge { .. }
+            | Error::CacheEntryTooLarge { .. }
+            | Error::HandoffTooLarge { .. } => 413,
             Error::VersionConflict { .. } => 412,
             Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
             Error::Deadlock => 409,

@@ -287,11 +287,15 @@ async fn leave(
     who.require_admin("leaving the cluster")?;
     let left = instance.leave(LEAVE_TIMEOUT).await;
     // A leave a fence cut short has still left: the process stops either way.
-    if matches!(left, Ok(()) | Err(Error::FencedWhileLeaving)) {
+    if matches!(left, Ok(_) | Err(Error::FencedWhileLeaving)) {
         instance.request_stop();
     }
-    left?;
-    Ok(axum::Json(json!({"left": true})))
+    let report = left?;
+    Ok(axum::Json(json!({
+        "left": true,
+        "lost_states": report.lost_states,
+        "no_other_node": report.no_other_node,
+    })))
 }
 
 /// How long `POST /v1/leave` waits for every partition to move.

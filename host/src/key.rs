@@ -368,6 +368,9 @@ pub(crate) struct KeyEnv {
     pub(crate) on_fence: OnFence,
     pub(crate) max_timers: u32,
     pub(crate) max_subscriptions: u32,
+    /// The largest handoff state this key may hand on (the module's
+    /// `max_handoff_size` under the node's message limit).
+    pub(crate) max_handoff: usize,
 }
 
 /// The data of a key's store.
@@ -797,6 +800,13 @@ impl ModuleSlot {
                 limit: options.max_live_keys,
             });
         }
+        // Routed before a move began draining the partition, this message
+        // must not start a process the drain has already missed: the check
+        // and the insert below happen under this module's key-table lock,
+        // which the drain's listing takes after it marked the partition (found by the
+        // leave test: a call routed just before the drain started a fresh
+        // process after the handoff, and the key counted from 0 again).
+        let handoff = node.admit_activation(&self.name, key, partition, token)?;
         let (tx, rx) = mpsc::channel(options.mailbox_depth as usize);
         let control = Arc::new(KeyControl::default());
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
@@ -811,6 +821,7 @@ impl ModuleSlot {
             on_fence: options.on_fence,
             max_timers: options.max_timers_per_key,
             max_subscriptions: options.max_subscriptions_per_key,
+            max_handoff: node.max_handoff_size(options),
         });
         tx.try_send(envelope)
             .unwrap_or_else(|_| unreachable!("a new mailbox has room for one message"));
@@ -835,8 +846,6 @@ impl ModuleSlot {
             },
         );
         drop(keys);
-        // A key that arrived by graceful handoff starts from its state.
-        let handoff = node.take_handoff(&self.name, key);
         node.tasks.spawn(run_key(
             node.clone(),
             self.clone(),
@@ -1008,12 +1017,12 @@ impl ModuleSlot {
         let tx = handle.tx.clone();
         drop(keys);
         tokio::spawn(async move {
-            if let Err(mpsc::error::SendError(envelope)) =
+            // The key stopped on its own first (its process is gone, and
+            // with it any state): there is nothing to hand on.
+            if let Err(mpsc::error::SendError(Envelope::Stop { reply, .. })) =
                 tx.send(Envelope::Stop { reason, reply }).await
             {
-                envelope.fail(Error::KeyDied(
-                    "the key stopped before it could be stopped".into(),
-                ));
+                let _ = reply.send(Ok(None));
             }
         });
         Some(rx)
@@ -1418,7 +1427,15 @@ async fn dispatch(
             *waiting = Some(Waiting::Stop(reply));
             let state = if matches!(reason, StopReason::Handoff) {
                 match process.handoff().await {
-                    Ok(state) => state,
+                    // Checked when `handoff` returns: a state too large to
+                    // travel is this key's loss alone, reported by name.
+                    Ok(Some(state)) if state.len() > process.store.data().env.max_handoff => {
+                        Err(Error::HandoffTooLarge {
+                            size: state.len(),
+                            limit: process.store.data().env.max_handoff,
+                        })
+                    }
+                    Ok(state) => Ok(state),
                     Err(Death(why)) => {
                         if let Some(w) = waiting.take() {
                             w.fail(Error::KeyDied(why.clone()));
@@ -1427,21 +1444,18 @@ async fn dispatch(
                     }
                 }
             } else {
-                None
+                Ok(None)
             };
             let outcome = process.terminate(&reason).await;
             let Some(Waiting::Stop(reply)) = waiting.take() else {
                 unreachable!("set above")
             };
+            // The state `handoff` gave travels even if `terminate` then
+            // trapped: the process is over either way.
+            let _ = reply.send(state);
             match outcome {
-                Ok(()) => {
-                    let _ = reply.send(Ok(state));
-                    Step::Stopped
-                }
-                Err(Death(why)) => {
-                    let _ = reply.send(Err(Error::KeyDied(why.clone())));
-                    Step::Died(why)
-                }
+                Ok(()) => Step::Stopped,
+                Err(Death(why)) => Step::Died(why),
             }
         }
     }

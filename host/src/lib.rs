@@ -24,6 +24,7 @@ pub mod error;
 pub mod event_log;
 pub mod fuzz;
 mod guest_log;
+mod handoff;
 mod host_api;
 pub mod http;
 mod http_modules;
@@ -46,9 +47,11 @@ pub use config::{ModuleOptions, NodeConfig};
 pub use deploy::ModuleListing;
 pub use error::{Error, Result};
 pub use fief_core as core;
+pub use handoff::LostState;
 pub use key::{KeyLife, KeyLifeEvent, LiveKey};
 pub use limbo::LimboEntry;
 pub use node::{
-    Instance, InstanceBuilder, KeyLifeObserver, LeaseState, ModuleInfo, NodeStatus, Status,
+    Instance, InstanceBuilder, KeyLifeObserver, LeaseState, LeaveReport, ModuleInfo, NodeStatus,
+    Status,
 };
 pub use sandbox::TenantLimits;

@@ -489,10 +489,15 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
             () = signal => {
                 // A graceful shutdown leaves the cluster first, so keys hand
                 // off instead of waiting for the lease to expire.
-                if stop.has_peers()
-                    && let Err(e) = stop.leave(Duration::from_secs(60)).await
-                {
-                    tracing::warn!(error = %e, "leaving before shutdown failed");
+                if stop.has_peers() {
+                    match stop.leave(Duration::from_secs(60)).await {
+                        Ok(report) => {
+                            for lost in &report.lost_states {
+                                tracing::warn!(module = %lost.module, key = %lost.key, reason = %lost.reason, "left without this key's handoff state");
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "leaving before shutdown failed"),
+                    }
                 }
             }
             () = stop.stop_requested() => {}
@@ -733,7 +738,25 @@ async fn limbo(args: StatusArgs) -> anyhow::Result<()> {
 
 async fn leave(args: NodeUrl) -> anyhow::Result<()> {
     let url = format!("{}/v1/leave", args.node.trim_end_matches('/'));
-    send(&args.node, client().post(&url)).await?;
+    let report: serde_json::Value = send(&args.node, client().post(&url)).await?.json().await?;
     println!("the node left the cluster and is stopping");
+    if report["no_other_node"] == true {
+        println!("there was no other node to hand to: its keys stopped with their state");
+    }
+    let lost = report["lost_states"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !lost.is_empty() {
+        println!("{} key(s) left without their handoff state:", lost.len());
+        for l in &lost {
+            println!(
+                "  {}/{}: {}",
+                l["module"].as_str().unwrap_or("?"),
+                l["key"].as_str().unwrap_or("?"),
+                l["reason"].as_str().unwrap_or("?")
+            );
+        }
+    }
     Ok(())
 }

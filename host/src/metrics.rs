@@ -75,6 +75,7 @@ pub(crate) struct Metrics {
     call_seconds: Family<Labels1, Histogram>,
     compile_seconds: Family<Labels1, Histogram>,
     cache: Family<Labels1, Counter>,
+    handoff_states: Family<Labels1, Counter>,
     gauges: Gauges,
     /// Calls served on this node per module (local and for peers), for the
     /// dashboard's call rates.
@@ -124,6 +125,7 @@ impl Metrics {
         let compile_seconds =
             Family::<Labels1, Histogram>::new_with_constructor(compile_histogram as fn() -> _);
         let cache = Family::<Labels1, Counter>::default();
+        let handoff_states = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
@@ -161,6 +163,11 @@ impl Metrics {
             "cache_operations",
             "The coherent cache's owner-side events on this node: hit, miss, eviction, expiration, ownership_drop",
             cache.clone(),
+        );
+        r.register(
+            "handoff_states",
+            "Handoff states on this node, by event: sent (to a new owner), received, delivered (to the key's next process), kept (a move failed; they stay for the next one), and the losses: dropped_stale (sent for a transfer that did not commit, or an ownership that ended), dropped_fence (waiting when the node fenced), too_large (over the module's max_handoff_size), key_died (handoff trapped)",
+            handoff_states.clone(),
         );
         r.register(
             "lease_remaining_seconds",
@@ -239,6 +246,7 @@ impl Metrics {
             call_seconds,
             compile_seconds,
             cache,
+            handoff_states,
             gauges,
             served: Mutex::new(std::collections::BTreeMap::new()),
         }
@@ -284,6 +292,15 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
         if route != CallRoute::Routed {
             *lock(&self.served).entry(module.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// `n` handoff states went through `event` (see the series' help).
+    pub(crate) fn handoff_states(&self, event: &'static str, n: usize) {
+        if n > 0 {
+            self.handoff_states
+                .get_or_create(&[("event", event.to_owned())])
+                .inc_by(n as u64);
         }
     }
 

@@ -34,6 +34,7 @@ use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig, validate_key};
 use crate::error::{Error, Result};
 use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
+use crate::handoff::{HandoffStates, LostState};
 use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock};
 use crate::limbo::{Limbo, LimboEntry};
 use crate::pubsub::PubSub;
@@ -74,9 +75,11 @@ pub(crate) struct NodeShared {
     /// Partitions whose transfer failed with its outcome unknown, with when
     /// it failed: not served until a table read sent later settles them.
     unsure: Mutex<BTreeMap<PartitionId, fief_core::Instant>>,
-    /// Handoff states received for keys this node may soon own, with when
-    /// they arrived; unclaimed ones are dropped after two lease TTLs.
-    pending_handoff: Mutex<PendingHandoffs>,
+    /// Handoff states waiting for their keys' next process here: received
+    /// from a previous owner, or kept after a move out failed.
+    handoffs: Mutex<HandoffStates>,
+    /// States a leave in progress could not hand on, for its report.
+    leave_losses: Mutex<Vec<LostState>>,
     /// Serializes graceful moves out of this node.
     moving: tokio::sync::Mutex<()>,
     /// Set by `leave`: the node hands off everything and takes nothing.
@@ -87,6 +90,9 @@ pub(crate) struct NodeShared {
     fenced_this_lease: std::sync::atomic::AtomicBool,
     /// Fault injection: the coordination loop panics when it sees this.
     coordination_crash: std::sync::atomic::AtomicBool,
+    /// Fault injection: milliseconds every call waits between its routing
+    /// decision and its delivery (0: none), as a preempted thread would.
+    route_delay_ms: std::sync::atomic::AtomicU64,
     /// Set when someone asked the node's host program to stop (after a
     /// leave through the API).
     stop_requested: watch::Sender<bool>,
@@ -95,10 +101,6 @@ pub(crate) struct NodeShared {
     /// Counters and histograms for `GET /metrics`.
     pub(crate) metrics: crate::metrics::Metrics,
 }
-
-/// Handoff states waiting for their key's activation: (module, key) →
-/// (state, arrival).
-type PendingHandoffs = HashMap<(String, String), (Vec<u8>, std::time::Instant)>;
 
 /// Receives every key process's start and end (see [`KeyLife`]).
 pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;
@@ -201,52 +203,141 @@ impl NodeShared {
         }
     }
 
-    /// Take the handoff state waiting for a key, if any (and fresh).
-    pub(crate) fn take_handoff(&self, module: &str, key: &str) -> Option<Vec<u8>> {
-        let mut pending = lock(&self.pending_handoff);
-        // Activations are common and handoffs rare: nothing to scan or
-        // allocate when no state is waiting.
-        if pending.is_empty() {
-            return None;
+    /// May a new process of `module`/`key` start here now, for `partition`
+    /// under `token`? Called by the key table (`ModuleSlot::deliver`) under
+    /// its lock, so a drain that marked the partition either sees the new
+    /// process or refuses it here. Gives the handoff state waiting for the
+    /// key, if one belongs to this ownership.
+    ///
+    /// # Errors
+    ///
+    /// The routing refusal when the partition is no longer served here
+    /// under `token` (a move began, the node fenced, the table changed).
+    pub(crate) fn admit_activation(
+        &self,
+        module: &str,
+        key: &str,
+        partition: PartitionId,
+        token: fief_core::OwnershipToken,
+    ) -> Result<Option<Vec<u8>>> {
+        match self.route(key) {
+            Route::Local {
+                partition: p,
+                token: t,
+            } if p == partition && t == token => {}
+            Route::Local { partition: p, .. } => return Err(Error::Unowned(p)),
+            Route::Forward { owner, .. } => {
+                return Err(Error::NotOwner {
+                    owner: owner.to_string(),
+                });
+            }
+            Route::Refuse(refusal) => return Err(refused(refusal)),
         }
-        let max_age = self.config.lease_ttl * 2;
-        pending.retain(|_, (_, at)| at.elapsed() < max_age);
-        pending
-            .remove(&(module.to_owned(), key.to_owned()))
-            .map(|(state, _)| state)
+        let (state, lost) = {
+            let table = self.table();
+            lock(&self.handoffs).take_for_activation(module, key, &table, &self.node_id)
+        };
+        if state.is_some() {
+            self.metrics.handoff_states("delivered", 1);
+        }
+        if let Some(lost) = lost {
+            self.handoff_dropped("dropped_stale", &[lost]);
+        }
+        Ok(state)
+    }
+
+    /// Log and count handoff states this node had to drop.
+    fn handoff_dropped(&self, event: &'static str, lost: &[LostState]) {
+        for l in lost {
+            tracing::warn!(node = %self.node_id, module = %l.module, key = %l.key, reason = %l.reason, "a handoff state was dropped");
+        }
+        self.metrics.handoff_states(event, lost.len());
+    }
+
+    /// The largest handoff state a key of a module with `options` may hand
+    /// on: its `max_handoff_size`, at most the node's `max_message_size`.
+    pub(crate) fn max_handoff_size(&self, options: &ModuleOptions) -> usize {
+        let node = self.config.max_message_size;
+        options
+            .max_handoff_size
+            .map_or(node, |l| l.min(node))
+            .as_u64() as usize
     }
 
     /// Stop every live key of `partitions` with `handoff`, collecting their
-    /// states. Repeats until none is live (a message routed just before the
-    /// partitions started draining may have activated one).
-    async fn stop_for_handoff(&self, partitions: &BTreeSet<PartitionId>) -> Vec<HandoffEntry> {
+    /// states under the tokens this node holds the partitions by, and the
+    /// keys whose states could not be had. Repeats until none is live (a
+    /// message routed just before the partitions started draining may have
+    /// activated one before the drain's mark: see `admit_activation`).
+    async fn stop_for_handoff(
+        &self,
+        partitions: &BTreeSet<PartitionId>,
+    ) -> (Vec<HandoffEntry>, Vec<LostState>) {
+        let tokens: BTreeMap<u32, u64> = {
+            let table = self.table();
+            partitions
+                .iter()
+                .filter_map(|p| {
+                    let a = table.owner(*p)?;
+                    (a.node == self.node_id).then_some((p.0, a.token.0))
+                })
+                .collect()
+        };
         let mut entries = Vec::new();
+        let mut lost = Vec::new();
+        // A process stopped in one round may still be listed in the next
+        // (its task removes its entry just after answering): stop each key
+        // once. No new process of these partitions starts meanwhile (see
+        // `admit_activation`).
+        let mut stopped: std::collections::HashSet<(String, String)> = Default::default();
         for _round in 0..10 {
             let mut stops = Vec::new();
             for slot in self.slots() {
                 for live in slot.list() {
                     if partitions.contains(&PartitionId(live.partition))
+                        && stopped.insert((live.module.clone(), live.key.clone()))
                         && let Some(rx) = slot.stop(&live.key, StopReason::Handoff)
                     {
-                        stops.push((live.module, live.key, rx));
+                        stops.push((live.module, live.key, live.partition, rx));
                     }
                 }
             }
             if stops.is_empty() {
                 break;
             }
-            for (module, key, rx) in stops {
-                match rx.await {
-                    Ok(Ok(Some(state))) => entries.push(HandoffEntry { module, key, state }),
-                    Ok(Ok(None)) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(%module, %key, error = %e, "key died during handoff; its state is lost")
+            for (module, key, partition, rx) in stops {
+                match (rx.await, tokens.get(&partition)) {
+                    (Ok(Ok(Some(state))), Some(&token)) => entries.push(HandoffEntry {
+                        module,
+                        key,
+                        partition,
+                        token,
+                        state,
+                    }),
+                    (Ok(Ok(None)), _) | (Err(_), _) => {}
+                    (Ok(Ok(Some(_))), None) => lost.push(LostState {
+                        module,
+                        key,
+                        reason: "its partition was lost during the handoff".to_owned(),
+                    }),
+                    (Ok(Err(e)), _) => {
+                        let event = match e {
+                            Error::HandoffTooLarge { .. } => "too_large",
+                            _ => "key_died",
+                        };
+                        let reason = e.to_string();
+                        self.metrics.handoff_states(event, 1);
+                        tracing::warn!(%module, %key, error = %reason, "a key's handoff state cannot travel");
+                        lost.push(LostState {
+                            module,
+                            key,
+                            reason,
+                        });
                     }
-                    Err(_) => {}
                 }
             }
         }
-        entries
+        (entries, lost)
     }
 
     /// Graceful move out: hand `moves` (partitions this node owns) to their
@@ -274,18 +365,33 @@ impl NodeShared {
         }
         let ns = &self.config.namespace;
         let limit = self.config.call_timeout;
+        // A frame holds a state of up to `max_message_size` with its names.
+        let budget =
+            self.config.max_message_size.as_u64() as usize + crate::transport::FRAME_OVERHEAD / 2;
         for (to, partitions) in by_target {
             let addr = self.peer_addr_of(&to)?;
             lock(&self.draining).extend(partitions.iter().copied());
-            let entries = self.stop_for_handoff(&partitions).await;
+            let (mut entries, lost) = self.stop_for_handoff(&partitions).await;
+            // States that wait here for keys not activated since they came
+            // (or since a move failed) travel too.
+            entries.extend({
+                let table = self.table();
+                lock(&self.handoffs).take_partitions(&partitions, &table, &self.node_id)
+            });
+            if self.leaving.load(std::sync::atomic::Ordering::SeqCst) {
+                lock(&self.leave_losses).extend(lost);
+            }
             // Once the transfer is sent, a failure leaves its outcome
             // unknown: the arbiter may have committed it, its answer lost.
             let mut transfer_sent = false;
             let handed = async {
-                let request = PeerRequest::Handoff {
-                    entries: entries.clone(),
-                };
-                self.peers.request(&addr, request, limit).await?;
+                // In frames under the peer frame limit: however many states,
+                // none is too large to send (each is at most the module's
+                // max_handoff_size, at most max_message_size).
+                for batch in crate::handoff::batches(entries.clone(), budget) {
+                    let request = PeerRequest::Handoff { entries: batch };
+                    self.peers.request(&addr, request, limit).await?;
+                }
                 transfer_sent = true;
                 let changes = partitions.iter().map(|p| (*p, to.clone())).collect();
                 bounded(
@@ -306,6 +412,7 @@ impl NodeShared {
                     if *lock(&self.lease_id) == Some(lease) {
                         self.adopt_table(table).await;
                     }
+                    self.metrics.handoff_states("sent", entries.len());
                     tracing::info!(node = %self.node_id, to = %to, partitions = partitions.len(), keys = entries.len(), "partitions handed off");
                     let _ = self.peers.request(&addr, PeerRequest::Nudge, limit).await;
                 }
@@ -319,11 +426,12 @@ impl NodeShared {
                         let now = self.clock.now();
                         lock(&self.unsure).extend(partitions.iter().map(|p| (*p, now)));
                     }
-                    let now = std::time::Instant::now();
-                    let mut pending = lock(&self.pending_handoff);
-                    for entry in entries {
-                        pending.insert((entry.module, entry.key), (entry.state, now));
-                    }
+                    // Kept for this node's ownership: the keys' next process
+                    // here takes them, or the next move carries them on. If
+                    // the transfer did commit, the table will show them stale
+                    // here, and the target has its copies.
+                    self.metrics.handoff_states("kept", entries.len());
+                    lock(&self.handoffs).keep(entries);
                 }
             }
             let mut draining = lock(&self.draining);
@@ -474,6 +582,8 @@ impl NodeShared {
         if changed {
             self.kill_lost_keys(&newer);
             self.drop_unowned_cache();
+            let stale = lock(&self.handoffs).sweep(&newer, &self.node_id);
+            self.handoff_dropped("dropped_stale", &stale);
         }
         changed
     }
@@ -497,6 +607,12 @@ impl NodeShared {
             }
             Route::Refuse(refusal) => return Err(refused(refusal)),
         };
+        let delay = self
+            .route_delay_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         // An idle key runs the call on this task; a busy one queues it
         // (`ModuleSlot::call`). A timeout abandons the wait, not the call:
         // the key finishes it either way.
@@ -593,11 +709,8 @@ impl NodeShared {
                     .map(|()| Vec::new())
             }
             PeerRequest::Handoff { entries } => {
-                let now = std::time::Instant::now();
-                let mut pending = lock(&self.pending_handoff);
-                for entry in entries {
-                    pending.insert((entry.module, entry.key), (entry.state, now));
-                }
+                let n = lock(&self.handoffs).receive(entries);
+                self.metrics.handoff_states("received", n);
                 Ok(Vec::new())
             }
             PeerRequest::Move { moves } => {
@@ -668,6 +781,12 @@ impl NodeShared {
         self.runtime.engine.increment_epoch();
         // A fenced node serves no cache entry, and keeps none to serve later.
         lock(&self.cache).clear();
+        // Nor handoff states: they die with the ownership they were for.
+        let dropped = lock(&self.handoffs).clear();
+        if dropped > 0 {
+            tracing::warn!(node = %self.node_id, dropped, "handoff states waiting here were dropped by the fence");
+            self.metrics.handoff_states("dropped_fence", dropped);
+        }
         *lock(&self.fences) += 1;
         tracing::warn!(node = %self.node_id, cause, killed, "node fenced");
         let at = std::time::Instant::now();
@@ -826,6 +945,13 @@ pub struct Status {
     pub partitions: u32,
     /// Partitions this node owns.
     pub partitions_owned: usize,
+    /// Owned partitions not served for now: being handed off, or waiting
+    /// for a table read to settle a transfer whose outcome is unknown.
+    pub partitions_moving: usize,
+    /// Handoff states waiting here for their keys' next process.
+    pub handoff_states: usize,
+    /// Their bytes.
+    pub handoff_bytes: usize,
     /// How many times this node has fenced.
     pub fences: u64,
     /// Whether the node is leaving the cluster.
@@ -841,6 +967,17 @@ pub struct Status {
     pub topics: usize,
     /// Deployed modules.
     pub modules: Vec<ModuleInfo>,
+}
+
+/// What a graceful [`Instance::leave`] did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LeaveReport {
+    /// Keys whose handoff state could not travel, by name, with why; every
+    /// other key's state went with its partition.
+    pub lost_states: Vec<LostState>,
+    /// There was no other live node to hand to: the keys stopped here, and
+    /// their states ended with them.
+    pub no_other_node: bool,
 }
 
 /// Chooses how an [`Instance`] starts: its arbiter, clock and peer listener.
@@ -976,11 +1113,13 @@ impl InstanceBuilder {
             lease_id: Mutex::new(None),
             draining: Mutex::new(BTreeSet::new()),
             unsure: Mutex::new(BTreeMap::new()),
-            pending_handoff: Mutex::new(HashMap::new()),
+            handoffs: Mutex::new(HandoffStates::default()),
+            leave_losses: Mutex::new(Vec::new()),
             moving: tokio::sync::Mutex::new(()),
             leaving: std::sync::atomic::AtomicBool::new(false),
             sync_now: tokio::sync::Notify::new(),
             coordination_crash: std::sync::atomic::AtomicBool::new(false),
+            route_delay_ms: std::sync::atomic::AtomicU64::new(0),
             fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
             cache: Mutex::new(CacheStore::new(cache_max_bytes)),
@@ -1163,6 +1302,7 @@ impl Instance {
             ),
             LeaseStatus::Fenced { .. } => (LeaseState::Fenced, 0),
         };
+        let handoffs = lock(&shared.handoffs).size();
         let table = shared.table();
         let mut modules: Vec<ModuleInfo> = shared.slots().iter().map(|s| module_info(s)).collect();
         modules.sort_by(|a, b| a.name.cmp(&b.name));
@@ -1176,6 +1316,13 @@ impl Instance {
             epoch: table.epoch(),
             partitions: table.partitions().get(),
             partitions_owned: table.count_owned_by(&shared.node_id),
+            partitions_moving: lock(&shared.draining)
+                .iter()
+                .chain(lock(&shared.unsure).keys())
+                .collect::<BTreeSet<_>>()
+                .len(),
+            handoff_states: handoffs.0,
+            handoff_bytes: handoffs.1,
             fences: *lock(&shared.fences),
             leaving: shared.leaving.load(std::sync::atomic::Ordering::SeqCst),
             nodes: shared
@@ -1220,11 +1367,17 @@ impl Instance {
     /// afterwards; stop it with [`Instance::shutdown`]. A node with no other
     /// live node to hand to just releases its lease.
     ///
+    /// The report names every key whose handoff state could not travel (too
+    /// large for its module's `max_handoff_size`, or its `handoff` trapped);
+    /// every other key's state went with its partition.
+    ///
     /// # Errors
     ///
     /// [`Error::Fenced`] if the node holds no lease, [`Error::Timeout`] if
-    /// the partitions did not all move within `timeout`, or an arbiter error.
-    pub async fn leave(&self, timeout: Duration) -> Result<()> {
+    /// the partitions did not all move within `timeout`,
+    /// [`Error::FencedWhileLeaving`] if a fence cut it short, or an arbiter
+    /// error.
+    pub async fn leave(&self, timeout: Duration) -> Result<LeaveReport> {
         let shared = &self.shared;
         let ns = &shared.config.namespace;
         let limit = shared.config.renew_interval;
@@ -1233,6 +1386,7 @@ impl Instance {
             owner: "the arbiter".to_owned(),
             why: e.to_string(),
         };
+        lock(&shared.leave_losses).clear();
         shared
             .leaving
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -1284,11 +1438,15 @@ impl Instance {
         bounded(limit, shared.arbiter.release(ns, &shared.node_id, lease))
             .await
             .map_err(arbiter_error)?;
-        tracing::info!(node = %shared.node_id, "left the cluster");
+        let report = LeaveReport {
+            lost_states: std::mem::take(&mut *lock(&shared.leave_losses)),
+            no_other_node: !others,
+        };
+        tracing::info!(node = %shared.node_id, lost_states = report.lost_states.len(), no_other_node = report.no_other_node, "left the cluster");
         if fenced {
             return Err(Error::FencedWhileLeaving);
         }
-        Ok(())
+        Ok(report)
     }
 
     /// The survivors in this node's limbo (`continue`/`callback` keys that
@@ -1352,6 +1510,16 @@ impl Instance {
             .coordination_crash
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.shared.sync_now.notify_one();
+    }
+
+    /// Make every call served here wait `delay` between its routing decision
+    /// and its delivery to the key (fault injection: a thread preempted at
+    /// the worst moment, so a move can begin in between). Zero turns it off.
+    pub fn inject_route_delay(&self, delay: Duration) {
+        self.shared.route_delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::SeqCst,
+        );
     }
 
     /// Ask the program hosting this node to stop it (the HTTP API does this

@@ -61,7 +61,8 @@ pub(crate) enum PeerRequest {
         message: Vec<u8>,
     },
     /// Graceful move, step 1: the old owner hands over the state of the keys
-    /// it stopped, before it gives the partitions away.
+    /// it stopped, before it gives the partitions away (in as many frames as
+    /// the states need, each under the frame limit; see `handoff.rs`).
     Handoff { entries: Vec<HandoffEntry> },
     /// The leader asks the owner to hand these partitions to these nodes.
     Move { moves: Vec<(u32, String)> },
@@ -80,6 +81,11 @@ pub(crate) enum PeerRequest {
 pub(crate) struct HandoffEntry {
     pub(crate) module: String,
     pub(crate) key: String,
+    /// The key's partition.
+    pub(crate) partition: u32,
+    /// The token the sender holds the partition under: the receiver serves
+    /// the state only if it gets the partition by a handoff from it.
+    pub(crate) token: u64,
     pub(crate) state: Vec<u8>,
 }
 

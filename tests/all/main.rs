@@ -12,6 +12,7 @@ mod config;
 mod dashboard;
 mod deploy;
 mod fence_modes;
+mod handoff;
 mod host_imports;
 mod hostile;
 mod http_cli;

@@ -32,6 +32,9 @@ pub mod guests {
     /// `tests/guests/hostile`: an attack from every callback and import, for
     /// the hostile-guest suite.
     pub const HOSTILE: &str = env!("FIEF_GUEST_HOSTILE");
+    /// `tests/guests/keeper`: one blob of state of any size, handed off
+    /// as it is.
+    pub const KEEPER: &str = env!("FIEF_GUEST_KEEPER");
     /// `examples/counter-py`: `counter` in Python (componentize-py).
     pub const COUNTER_PY: &str = env!("FIEF_GUEST_COUNTER_PY");
     /// `examples/counter-js`: `counter` in JavaScript (componentize-js).

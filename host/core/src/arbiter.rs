@@ -291,8 +291,7 @@ impl ArbiterState {
                 )));
             }
         }
-        self.table
-            .reassign(moves.into_iter().map(|(p, to)| (p, Some(to))));
+        self.table.hand_over(moves);
         Ok(self.table.clone())
     }
 

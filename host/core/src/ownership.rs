@@ -52,6 +52,12 @@ pub struct Assignment {
     pub node: NodeId,
     /// The token it owns the partition under.
     pub token: OwnershipToken,
+    /// When the partition came to `node` by a graceful handoff: the token
+    /// its previous owner held it under. `None` when the leader assigned it
+    /// (after a release, an expiry or a rejoin). The new owner accepts the
+    /// handoff states it was sent only when they were sent under this token,
+    /// so a state from a transfer that never committed is never served.
+    pub handed_from: Option<OwnershipToken>,
 }
 
 /// Where a message for a key should go, as decided by one node.
@@ -189,7 +195,36 @@ impl OwnershipTable {
             *slot = node.map(|node| Assignment {
                 node,
                 token: OwnershipToken(next),
+                handed_from: None,
             });
+            changed = true;
+        }
+        if changed {
+            self.epoch = next;
+        }
+        self.epoch
+    }
+
+    /// Hand each listed partition from its owner to a new one in one change
+    /// (a graceful move): as [`OwnershipTable::reassign`], and each moved
+    /// partition records the token its previous owner held it under
+    /// ([`Assignment::handed_from`]). A partition with no owner, or handed to
+    /// the node that owns it, is left as it is.
+    pub fn hand_over(&mut self, moves: impl IntoIterator<Item = (PartitionId, NodeId)>) -> u64 {
+        let next = self.epoch + 1;
+        let mut changed = false;
+        for (partition, to) in moves {
+            let Some(Some(slot)) = self.owners.get_mut(partition.0 as usize) else {
+                continue;
+            };
+            if slot.node == to {
+                continue;
+            }
+            *slot = Assignment {
+                node: to,
+                token: OwnershipToken(next),
+                handed_from: Some(slot.token),
+            };
             changed = true;
         }
         if changed {
@@ -268,6 +303,25 @@ mod tests {
         let t2 = table.owner(PartitionId(0)).unwrap().token;
         assert!(t2 > t1);
         assert_eq!(table.epoch(), 3);
+    }
+
+    #[test]
+    fn a_handed_over_partition_records_its_previous_token() {
+        let partitions = PartitionCount::new(2).unwrap();
+        let (a, b) = (NodeId::new("a"), NodeId::new("b"));
+        let mut table = OwnershipTable::new(partitions);
+        table.reassign([(PartitionId(0), Some(a.clone()))]);
+        let from = table.owner(PartitionId(0)).unwrap().token;
+        assert_eq!(table.owner(PartitionId(0)).unwrap().handed_from, None);
+        // Partition 1 has no owner: nothing to hand over.
+        table.hand_over([(PartitionId(0), b.clone()), (PartitionId(1), b.clone())]);
+        let moved = table.owner(PartitionId(0)).unwrap();
+        assert_eq!((&moved.node, moved.handed_from), (&b, Some(from)));
+        assert!(moved.token > from);
+        assert!(table.owner(PartitionId(1)).is_none());
+        // A leader's assignment is not a handoff.
+        table.reassign([(PartitionId(0), Some(a.clone()))]);
+        assert_eq!(table.owner(PartitionId(0)).unwrap().handed_from, None);
     }
 
     #[test]

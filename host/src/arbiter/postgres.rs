@@ -57,6 +57,9 @@ CREATE TABLE IF NOT EXISTS fief_partitions (
 CREATE SEQUENCE IF NOT EXISTS fief_lease_ids;
 -- Added after 0.1.0's first schema; harmless when already there.
 ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS leaving boolean NOT NULL DEFAULT false;
+-- A graceful handoff records the token the previous owner held the partition
+-- under, so the new owner accepts only the states that transfer sent.
+ALTER TABLE fief_partitions ADD COLUMN IF NOT EXISTS handed_from bigint;
 -- The module store: one row per module name (kept after an undeploy, so
 -- version numbers are never reused), one per stored version with its bytes.
 CREATE TABLE IF NOT EXISTS fief_modules (
@@ -263,7 +266,7 @@ impl PostgresArbiter {
             .get(0);
         let rows = client
             .query(
-                "SELECT partition, node_id, token FROM fief_partitions WHERE namespace = $1",
+                "SELECT partition, node_id, token, handed_from FROM fief_partitions WHERE namespace = $1",
                 &[&namespace],
             )
             .await?;
@@ -272,10 +275,12 @@ impl PostgresArbiter {
             let partition: i32 = row.get(0);
             let node: Option<String> = row.get(1);
             let token: i64 = row.get(2);
+            let handed_from: Option<i64> = row.get(3);
             if let (Some(slot), Some(node)) = (owners.get_mut(partition as usize), node) {
                 *slot = Some(Assignment {
                     node: NodeId::new(node),
                     token: OwnershipToken(token as u64),
+                    handed_from: handed_from.map(|t| OwnershipToken(t as u64)),
                 });
             }
         }
@@ -369,7 +374,7 @@ impl Arbiter for PostgresArbiter {
                                  UPDATE fief_namespaces SET epoch = epoch + 1 WHERE namespace = $1
                                  AND EXISTS (SELECT 1 FROM fief_partitions WHERE namespace = $1 AND node_id = $2)
                                  RETURNING epoch)
-                             UPDATE fief_partitions SET node_id = NULL, token = (SELECT epoch FROM bumped)
+                             UPDATE fief_partitions SET node_id = NULL, token = (SELECT epoch FROM bumped), handed_from = NULL
                              WHERE namespace = $1 AND node_id = $2",
                             &[&namespace, &node.as_str()],
                         )
@@ -492,7 +497,7 @@ impl Arbiter for PostgresArbiter {
                     // if `from` owns the partition and the target is live.
                     let moved = tx
                         .execute(
-                            "UPDATE fief_partitions p SET node_id = m.target, token = $5
+                            "UPDATE fief_partitions p SET node_id = m.target, token = $5, handed_from = p.token
                              FROM unnest($2::int[], $3::text[]) AS m(partition, target)
                              WHERE p.namespace = $1 AND p.partition = m.partition AND p.node_id = $4
                              AND EXISTS (SELECT 1 FROM fief_leases l WHERE l.namespace = $1
@@ -666,7 +671,7 @@ impl Arbiter for PostgresArbiter {
                         .execute(
                             "INSERT INTO fief_partitions (namespace, partition, node_id, token)
                              SELECT $1, c.partition, c.node_id, $4 FROM unnest($2::int[], $3::text[]) AS c(partition, node_id)
-                             ON CONFLICT (namespace, partition) DO UPDATE SET node_id = EXCLUDED.node_id, token = EXCLUDED.token
+                             ON CONFLICT (namespace, partition) DO UPDATE SET node_id = EXCLUDED.node_id, token = EXCLUDED.token, handed_from = NULL
                              WHERE fief_partitions.node_id IS DISTINCT FROM EXCLUDED.node_id",
                             &[&namespace, &parts, &nodes, &next],
                         )
