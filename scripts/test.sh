@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: unit tests, doctests, integration and failure
-# tests (the tests package builds the guest components from source).
+# tests (the tests package builds the guest components from source, and the
+# `fief` binary the CLI and multi-process tests run, in the same build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # What the tests need: the wasm32-wasip2 target, the Python and JavaScript
@@ -8,8 +9,4 @@ cd "$(dirname "$0")/.."
 # stress-ng. Installs what is missing (apt needs root or sudo), or stops
 # saying what to run; quick when everything is present.
 ./scripts/install-test-deps.sh
-# The CLI and multi-process tests run the `fief` binary from its own target
-# directory (a nested cargo there cannot wait on this one's lock). Build it
-# first, so the timing-sensitive tests never share the CPUs with that build.
-cargo build -p fief --bin fief --target-dir target/cli-tests
 cargo test "$@"
