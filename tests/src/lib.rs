@@ -179,44 +179,64 @@ pub fn workspace_root() -> &'static Path {
         .expect("tests/ has a parent")
 }
 
-/// The `fief` binary, built once per test run with its own target directory
-/// (`target/cli-tests`) so this nested cargo never waits on the lock of the
-/// `cargo test` that runs us.
+/// Where the tests keep the logs of the processes they run:
+/// `target/test-logs/` of the workspace (created if missing).
+pub fn test_logs_dir() -> PathBuf {
+    let dir = workspace_root().join("target").join("test-logs");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// The `fief` binary the CLI and multi-process tests run: this package's
+/// `fief-cli` bin (built from `host/src/main.rs` in the same build as the
+/// tests; cargo builds a package's binaries before running its integration
+/// tests, so it is never stale), or `$FIEF_BIN` if set.
+///
+/// Cargo gives the bin's path to integration tests as `CARGO_BIN_EXE_fief-cli`,
+/// which this library (compiled as their dependency) cannot see at compile
+/// time: it takes it from the environment when cargo sets it there, and
+/// otherwise finds the bin next to the running test executable
+/// (`<target>/<profile>/deps/all-<hash>` → `<target>/<profile>/fief-cli`).
 pub fn fief_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
-        let root = workspace_root();
-        let target_dir = root.join("target").join("cli-tests");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut command = Command::new(cargo);
-        command
-            .current_dir(root)
-            .args(["build", "--quiet", "-p", "fief", "--bin", "fief"])
-            .arg("--target-dir")
-            .arg(&target_dir);
-        for var in [
-            "CARGO_ENCODED_RUSTFLAGS",
-            "RUSTFLAGS",
-            "CARGO_BUILD_RUSTFLAGS",
-            "RUSTC_WORKSPACE_WRAPPER",
-            "CARGO_TARGET_DIR",
-            "CARGO_MAKEFLAGS",
-        ] {
-            command.env_remove(var);
-        }
-        let status = command.status().expect("running cargo to build fief");
-        assert!(status.success(), "building the fief binary failed");
-        let binary = target_dir
-            .join("debug")
-            .join(format!("fief{}", std::env::consts::EXE_SUFFIX));
-        assert!(binary.exists(), "{} was not built", binary.display());
+        let name = format!("fief-cli{}", std::env::consts::EXE_SUFFIX);
+        let binary = std::env::var_os("FIEF_BIN")
+            .or_else(|| std::env::var_os("CARGO_BIN_EXE_fief-cli"))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let test_exe = std::env::current_exe().expect("the test executable's path");
+                let deps = test_exe.parent().expect("the test executable's directory");
+                let profile_dir = if deps.ends_with("deps") {
+                    deps.parent().expect("deps/ has a parent")
+                } else {
+                    deps
+                };
+                profile_dir.join(&name)
+            });
+        assert!(
+            binary.exists(),
+            "{} does not exist: the CLI and process tests run the `fief-cli` bin of \
+             fief-tests, which `cargo test -p fief-tests` builds (or set FIEF_BIN)",
+            binary.display()
+        );
         binary
     })
 }
 
+/// A command running [`fief_binary`] as `fief`: its `argv[0]` is `fief`, so
+/// clap's usage lines and errors name the command as users see it, not the
+/// bin's file name `fief-cli`.
+pub fn fief_command() -> Command {
+    use std::os::unix::process::CommandExt as _;
+    let mut command = Command::new(fief_binary());
+    command.arg0("fief");
+    command
+}
+
 /// Run `fief <args>` to completion.
 pub fn fief_cli(args: &[&str]) -> Output {
-    Command::new(fief_binary())
+    fief_command()
         .args(args)
         .env_remove("FIEF_NODE")
         .env("RUST_LOG", "warn")
@@ -243,7 +263,7 @@ pub struct NodeProcess {
 impl NodeProcess {
     /// Start `fief node --listen 127.0.0.1:<free port> <extra args>` and wait
     /// (at most 60 s) until `fief status` reaches it. Its stderr goes to a log
-    /// file under `target/cli-tests/`, shown if it fails to start. Retries
+    /// file under `target/test-logs/`, shown if it fails to start. Retries
     /// with another port if the one picked was taken meanwhile.
     pub fn start(extra_args: &[&str]) -> NodeProcess {
         let mut last_failure = String::new();
@@ -257,12 +277,11 @@ impl NodeProcess {
     }
 
     fn try_start(extra_args: &[&str]) -> Result<NodeProcess, String> {
-        let binary = fief_binary();
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
-        let log = binary.with_file_name(format!("node-{}-{port}.log", std::process::id()));
+        let log = test_logs_dir().join(format!("node-{}-{port}.log", std::process::id()));
         let stderr = std::fs::File::create(&log).expect("creating the node's log file");
-        let child = Command::new(binary)
+        let child = fief_command()
             .args(["node", "--listen", &listen])
             .args(extra_args)
             .env("RUST_LOG", "info")
@@ -618,9 +637,9 @@ pub mod multiprocess {
 
     /// A `fief node` child process (HTTP API and peer transport on free
     /// ports) with its stdout and stderr captured to a log file under
-    /// `target/cli-tests/process-logs/`. SIGKILLed when dropped; if the
-    /// thread is panicking (a failed test), prints where its log is and the
-    /// log's tail and keeps the log, otherwise deletes it.
+    /// `target/test-logs/` ([`super::test_logs_dir`]). SIGKILLed when
+    /// dropped; if the thread is panicking (a failed test), prints where its
+    /// log is and the log's tail and keeps the log, otherwise deletes it.
     pub struct ClusterNode {
         child: Child,
         /// Its node id.
@@ -644,8 +663,7 @@ pub mod multiprocess {
     }
 
     impl ClusterNode {
-        /// Spawn `fief node` (the binary is built once per run by
-        /// [`super::fief_binary`]). Does not wait: see
+        /// Spawn `fief node` ([`super::fief_command`]). Does not wait: see
         /// [`ClusterNode::wait_current`].
         pub async fn spawn(spec: &NodeSpec) -> ClusterNode {
             let peer_listen = format!("127.0.0.1:{}", super::free_port());
@@ -656,19 +674,12 @@ pub mod multiprocess {
         /// (`127.0.0.1:<port>`), for a test that puts a [`TcpProxy`] in
         /// front of it or restarts the node on the same address.
         pub async fn spawn_with_peer_listen(spec: &NodeSpec, peer_listen: &str) -> ClusterNode {
-            let binary = tokio::task::spawn_blocking(super::fief_binary)
-                .await
-                .expect("building the fief binary");
             let listen = format!("127.0.0.1:{}", super::free_port());
-            let dir = super::workspace_root()
-                .join("target")
-                .join("cli-tests")
-                .join("process-logs");
-            std::fs::create_dir_all(&dir).expect("creating the log directory");
-            let log = dir.join(format!("{}-{}.log", spec.namespace, spec.node_id));
+            let log =
+                super::test_logs_dir().join(format!("{}-{}.log", spec.namespace, spec.node_id));
             let file = std::fs::File::create(&log).expect("creating the node's log file");
             let stdout = file.try_clone().expect("cloning the log file handle");
-            let mut command = Command::new(binary);
+            let mut command = super::fief_command();
             command
                 .arg("node")
                 .args(["--arbiter", &spec.arbiter])

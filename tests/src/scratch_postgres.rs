@@ -5,10 +5,10 @@
 //! The shared server on 127.0.0.1:5432 that other tests use is never touched.
 //!
 //! The binaries are looked up in `/usr/lib/postgresql/<version>/bin` (the
-//! Debian `postgresql` package, which `.ci/run` installs), newest version
-//! first, then on `PATH`. PostgreSQL refuses to run as root, so when the test
-//! runs as root the server runs as user `postgres` (`runuser`), in a
-//! directory owned by it. The server is stopped (immediately) and its
+//! Debian `postgresql` package, which `scripts/install-test-deps.sh`
+//! installs), newest version first, then on `PATH`. PostgreSQL refuses to run
+//! as root, so when the test runs as root the server runs as user `postgres`
+//! (`runuser`), in a directory owned by it. The server is stopped (immediately) and its
 //! directory removed when the [`ScratchPostgres`] is dropped, also when a
 //! test panics.
 
@@ -216,7 +216,7 @@ fn postgres_bin_dir() -> PathBuf {
         _ => panic!(
             "initdb and pg_ctl were not found in /usr/lib/postgresql/*/bin or on PATH. \
              This test runs a PostgreSQL server of its own; install PostgreSQL's server \
-             binaries (Debian: apt-get install postgresql; .ci/run does)."
+             binaries (Debian: apt-get install postgresql; scripts/install-test-deps.sh does)."
         ),
     }
 }
