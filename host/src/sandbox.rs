@@ -149,6 +149,8 @@ pub struct TenantLimits {
     pub max_message_size: Option<ByteSize>,
     /// Cap on `max_reply_size` (a module without its own takes this).
     pub max_reply_size: Option<ByteSize>,
+    /// Cap on `max_handoff_size` (a module without its own takes this).
+    pub max_handoff_size: Option<ByteSize>,
     /// Cap on `max_publishes_per_second`.
     pub max_publishes_per_second: Option<u32>,
     /// Host directories the tenant's modules may be granted (`dir`), each
@@ -186,6 +188,7 @@ impl TenantLimits {
         );
         o.max_message_size = min_size(o.max_message_size, self.max_message_size);
         o.max_reply_size = min_size(o.max_reply_size, self.max_reply_size);
+        o.max_handoff_size = min_size(o.max_handoff_size, self.max_handoff_size);
         o
     }
 
@@ -251,6 +254,11 @@ impl TenantLimits {
                 self.max_message_size,
             ),
             ("max_reply_size", o.max_reply_size, self.max_reply_size),
+            (
+                "max_handoff_size",
+                o.max_handoff_size,
+                self.max_handoff_size,
+            ),
         ] {
             if let Some(cap) = cap {
                 let Some(value) = value else {
@@ -322,6 +330,7 @@ impl ModuleOptions {
             ("mailbox_depth", self.mailbox_depth.to_string()),
             ("max_message_size", size(self.max_message_size)),
             ("max_reply_size", size(self.max_reply_size)),
+            ("max_handoff_size", size(self.max_handoff_size)),
             ("max_timers_per_key", self.max_timers_per_key.to_string()),
             (
                 "max_subscriptions_per_key",

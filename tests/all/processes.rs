@@ -19,8 +19,9 @@
 //! starved node misses renewals), and each uses its own namespace, so runs
 //! may overlap. PostgreSQL must run on 127.0.0.1:5432 (user `postgres`, trust
 //! auth); without it the tests fail, they do not skip. Node logs are under
-//! `target/cli-tests/process-logs/`; a failing test prints their paths and
-//! tails.
+//! `target/test-logs/process-logs/`; a failing test prints their paths and
+//! tails. Calls that set a test up retry the refusals the API documents as
+//! "retry" (`ClusterNode::call_settled`); the calls under test do not.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -90,7 +91,11 @@ pub(crate) async fn wait_settled(nodes: &[ClusterNode]) {
             .iter()
             .map(|s| s["partitions_owned"].as_u64().unwrap_or(0))
             .sum();
-        let agreed = statuses.iter().all(|s| s["lease"] == "current")
+        // No partition is held back by a move in progress: the table alone
+        // does not show a move that has begun draining.
+        let agreed = statuses
+            .iter()
+            .all(|s| s["lease"] == "current" && s["partitions_moving"] == 0)
             && epochs[0] > 0
             && epochs.iter().all(|e| *e == epochs[0])
             && owned == PARTITIONS;
@@ -303,7 +308,7 @@ async fn calls_through_every_node_reach_one_owner() {
     for i in 1..=30 {
         let node = &nodes[(i - 1) % nodes.len()];
         let reply = node
-            .call("counter", "alice", "incr")
+            .call_settled("counter", "alice", "incr")
             .await
             .unwrap_or_else(|e| panic!("incr #{i} via {} failed: {e:?}", node.node_id));
         assert_eq!(reply, i.to_string(), "incr #{i} via {}", node.node_id);
@@ -408,7 +413,10 @@ async fn node_cut_from_postgres_fences_before_takeover() {
     let owner = &nodes[cut];
     for expected in ["1", "2"] {
         assert_eq!(
-            owner.call("counter", "alice", "incr").await.unwrap(),
+            owner
+                .call_settled("counter", "alice", "incr")
+                .await
+                .unwrap(),
             expected
         );
     }
@@ -497,7 +505,10 @@ async fn cut_node_kills_its_keys_at_the_fence_point() {
     let proxy = PgProxy::start().await;
     let nodes = start_cluster(&namespace, &[proxy.arbiter_url()]).await;
     let node = &nodes[0];
-    assert_eq!(node.call("counter", "alice", "incr").await.unwrap(), "1");
+    assert_eq!(
+        node.call_settled("counter", "alice", "incr").await.unwrap(),
+        "1"
+    );
     assert_eq!(live_keys(node).await, 1);
 
     proxy.set_cut(true);
@@ -582,7 +593,13 @@ async fn fenced_node_answers_and_rejoins_when_the_cut_heals() {
         .position(|n| n.node_id == owner_id)
         .expect("the owner is one of ours");
     let (owner, other) = (&nodes[cut], &nodes[1 - cut]);
-    assert_eq!(owner.call("counter", "alice", "incr").await.unwrap(), "1");
+    assert_eq!(
+        owner
+            .call_settled("counter", "alice", "incr")
+            .await
+            .unwrap(),
+        "1"
+    );
 
     proxies[cut].set_cut(true);
     let cut_at = Instant::now();
@@ -787,25 +804,28 @@ async fn paused_node_acts_for_nothing_it_lost() {
 
     for i in 1..=5 {
         assert_eq!(
-            owner.call("counter", "alice", "incr").await.unwrap(),
+            owner
+                .call_settled("counter", "alice", "incr")
+                .await
+                .unwrap(),
             i.to_string()
         );
     }
     // Controls: on O, the probe's log lines reach O's log, and its timers fire.
     assert_eq!(
         owner
-            .call("probe", "alice", "log before-pause")
+            .call_settled("probe", "alice", "log before-pause")
             .await
             .unwrap(),
         "ok"
     );
     owner
-        .call("probe", "alice", "after 20 early")
+        .call_settled("probe", "alice", "after 20 early")
         .await
         .unwrap();
     let control_since = Instant::now();
     while !owner
-        .call("probe", "alice", "events")
+        .call_settled("probe", "alice", "events")
         .await
         .unwrap()
         .contains("timer:early")
@@ -826,12 +846,15 @@ async fn paused_node_acts_for_nothing_it_lost() {
     // Due while O is stopped: the counter's first tick, and the probe's timer.
     assert_eq!(
         owner
-            .call("probe", "alice", "cast counter alice tick-every 3000")
+            .call_settled("probe", "alice", "cast counter alice tick-every 3000")
             .await
             .unwrap(),
         "ok"
     );
-    let timer = owner.call("probe", "alice", "after 3000 t").await.unwrap();
+    let timer = owner
+        .call_settled("probe", "alice", "after 3000 t")
+        .await
+        .unwrap();
     let armed_at = Instant::now();
     assert!(timer.parse::<u64>().is_ok(), "after 3000 t: {timer}");
     assert_eq!(live_keys(owner).await, 2, "counter and probe alice on O");
@@ -1094,7 +1117,7 @@ async fn leave_hands_off_counter_state_with_no_double_serve() {
     for i in 1..=5 {
         let node = &nodes[(i - 1) % nodes.len()];
         assert_eq!(
-            node.call("counter", "alice", "incr").await.unwrap(),
+            node.call_settled("counter", "alice", "incr").await.unwrap(),
             i.to_string(),
             "incr #{i} via {}",
             node.node_id
@@ -1217,7 +1240,10 @@ async fn rolling_restart_serves_every_key_once() {
     let mut nodes = start_cluster(&namespace, &vec![arbiter.clone(); 3]).await;
     for i in 1..=3 {
         assert_eq!(
-            nodes[i - 1].call("counter", "alice", "incr").await.unwrap(),
+            nodes[i - 1]
+                .call_settled("counter", "alice", "incr")
+                .await
+                .unwrap(),
             i.to_string()
         );
     }

@@ -766,6 +766,32 @@ pub mod multiprocess {
                 .await
         }
 
+        /// [`ClusterNode::call`], retrying (for up to 10 s) the refusals the
+        /// API documents as "retry": `unowned` (a move is under way),
+        /// `not_owner` and `fenced`, all answered before the key processed
+        /// anything (contract §5 row 8: "calls see at most brief errors").
+        /// Any other error is returned at once.
+        pub async fn call_settled(
+            &self,
+            module: &str,
+            key: &str,
+            message: &str,
+        ) -> Result<String, CallError> {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match self.call(module, key, message).await {
+                    Err(e)
+                        if e.status == 503
+                            && matches!(e.code.as_str(), "unowned" | "not_owner" | "fenced")
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    result => return result,
+                }
+            }
+        }
+
         /// Like [`ClusterNode::call`], failing if no answer came within
         /// `timeout`.
         pub async fn call_within(
