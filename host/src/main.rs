@@ -19,7 +19,11 @@ mod cli_status;
 
 /// Fief: WebAssembly key processes with strict single ownership.
 #[derive(Parser)]
-#[command(name = "fief", version, about)]
+#[command(
+    name = "fief",
+    version,
+    about = "Fief: a runtime for WebAssembly key processes with strict single ownership."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

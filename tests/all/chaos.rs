@@ -21,7 +21,7 @@
 //! The schedule is fixed; which node suffers which fault is drawn from a
 //! seed, printed at the start (`FIEF_CHAOS_SEED=<n>` picks the same victims
 //! again; the rest of a real-process run is not reproducible). A run takes
-//! about a minute. The event logs are kept under `target/cli-tests/chaos/`
+//! about a minute. The event logs are kept under `target/test-logs/chaos/`
 //! when the test fails (with the node logs' tails printed), and deleted when
 //! it passes. See `docs/testing.md`.
 
@@ -37,7 +37,7 @@ use fief_tests::multiprocess::{
     CallError, ClusterNode, FAST_TIMINGS, NodeSpec, TcpProxy, call_url, post_key, unique_namespace,
 };
 use fief_tests::scratch_postgres::ScratchPostgres;
-use fief_tests::{free_port, guests, workspace_root};
+use fief_tests::{free_port, guests};
 
 use crate::processes::{SERIAL, wait_settled};
 
@@ -128,11 +128,7 @@ impl Chaos {
     /// Make the proxies and start the nodes one after the other; wait until
     /// they agree on the table.
     async fn start(namespace: String, pg: Arc<ScratchPostgres>) -> Chaos {
-        let dir = workspace_root()
-            .join("target")
-            .join("cli-tests")
-            .join("chaos")
-            .join(&namespace);
+        let dir = fief_tests::test_logs_dir().join("chaos").join(&namespace);
         std::fs::create_dir_all(&dir).expect("creating the event log directory");
         let mut chaos = Chaos {
             namespace,
@@ -784,9 +780,7 @@ fn chaos_checker_rejects_a_token_that_goes_back() {
 /// kill mid-write at the end of a log is ignored.
 #[test]
 fn chaos_checker_reads_event_logs_with_a_torn_last_line() {
-    let dir = workspace_root()
-        .join("target")
-        .join("cli-tests")
+    let dir = fief_tests::test_logs_dir()
         .join("chaos")
         .join(unique_namespace("torn-line"));
     std::fs::create_dir_all(&dir).expect("creating a directory");

@@ -8,7 +8,7 @@
 //! `target/dashboard-screenshots/`.
 //!
 //! It fails, rather than skips, without `chromium` and `chromedriver` on the
-//! `PATH` (`.ci/run` installs both).
+//! `PATH` (`./scripts/test.sh` installs both, through `scripts/install-test-deps.sh`).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -45,7 +45,7 @@ impl Driver {
                 panic!(
                     "cannot start chromedriver ({e}): the dashboard test needs Debian's \
                      `chromium` and `chromium-driver` packages (apt-get install -y chromium \
-                     chromium-driver; .ci/run installs them)"
+                     chromium-driver; ./scripts/test.sh installs them)"
                 )
             });
         Driver {
