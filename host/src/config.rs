@@ -92,6 +92,119 @@ pub struct NodeConfig {
     /// TLS for peer links (certificate, key, and the CA that signed every
     /// node's certificate); `None`: plain TCP. See [`crate::tls::PeerTls`].
     pub peer_tls: Option<crate::tls::PeerTls>,
+    /// Ceilings over every module's options, for every deploy (an open
+    /// node's, the admin's and a tenant's); tenant caps only lower them.
+    pub module_ceilings: ModuleCeilings,
+}
+
+/// The node's ceilings over module options: a deploy asking for more is
+/// refused, naming the option, its value and the ceiling. Options not listed
+/// here have theirs elsewhere: `memory_limit` (`max_memory_per_key`), the
+/// sizes (`max_message_size`), `handle_fence_deadline` (the fence budget).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModuleCeilings {
+    /// Most CPU time one callback may take.
+    #[serde(with = "humantime_serde")]
+    pub cpu_limit: Duration,
+    /// Longest a key may stay live idle.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Most live keys of one module.
+    pub max_live_keys: u32,
+    /// Deepest mailbox of one key.
+    pub mailbox_depth: u32,
+    /// Most timers one key may have armed.
+    pub max_timers_per_key: u32,
+    /// Most topics one key may subscribe to.
+    pub max_subscriptions_per_key: u32,
+    /// Most publications per second of one key.
+    pub max_publishes_per_second: u32,
+}
+
+impl Default for ModuleCeilings {
+    fn default() -> Self {
+        ModuleCeilings {
+            cpu_limit: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(24 * 3600),
+            max_live_keys: 1_000_000,
+            mailbox_depth: 65_536,
+            max_timers_per_key: 65_536,
+            max_subscriptions_per_key: 4096,
+            max_publishes_per_second: 100_000,
+        }
+    }
+}
+
+impl ModuleCeilings {
+    /// The names [`ModuleCeilings::set`] takes.
+    pub const NAMES: &'static str = "cpu_limit, idle_timeout, max_live_keys, mailbox_depth, \
+        max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second";
+
+    /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an unknown name or an unparsable value.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let bad = |e: String| Error::Config(format!("module ceiling {name} = {value:?}: {e}"));
+        let duration = || humantime::parse_duration(value).map_err(|e| bad(e.to_string()));
+        let count = || value.parse::<u32>().map_err(|e| bad(e.to_string()));
+        match name {
+            "cpu_limit" => self.cpu_limit = duration()?,
+            "idle_timeout" => self.idle_timeout = duration()?,
+            "max_live_keys" => self.max_live_keys = count()?,
+            "mailbox_depth" => self.mailbox_depth = count()?,
+            "max_timers_per_key" => self.max_timers_per_key = count()?,
+            "max_subscriptions_per_key" => self.max_subscriptions_per_key = count()?,
+            "max_publishes_per_second" => self.max_publishes_per_second = count()?,
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown module ceiling {other:?}; known: {}",
+                    Self::NAMES
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuse `options` over a ceiling.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] naming the option, its value and the
+    /// ceiling.
+    pub fn check(&self, o: &ModuleOptions) -> Result<()> {
+        fn over<T: PartialOrd + std::fmt::Debug>(name: &str, value: T, ceiling: T) -> Result<()> {
+            if value > ceiling {
+                return Err(Error::InvalidOptions(format!(
+                    "{name} ({value:?}) is over this node's ceiling ({ceiling:?}); ask for at \
+                     most {ceiling:?}, or have the operator raise module_ceilings.{name} \
+                     (--module-ceiling {name}=VALUE)"
+                )));
+            }
+            Ok(())
+        }
+        over("cpu_limit", o.cpu_limit, self.cpu_limit)?;
+        over("idle_timeout", o.idle_timeout, self.idle_timeout)?;
+        over("max_live_keys", o.max_live_keys, self.max_live_keys)?;
+        over("mailbox_depth", o.mailbox_depth, self.mailbox_depth)?;
+        over(
+            "max_timers_per_key",
+            o.max_timers_per_key,
+            self.max_timers_per_key,
+        )?;
+        over(
+            "max_subscriptions_per_key",
+            o.max_subscriptions_per_key,
+            self.max_subscriptions_per_key,
+        )?;
+        over(
+            "max_publishes_per_second",
+            o.max_publishes_per_second,
+            self.max_publishes_per_second,
+        )
+    }
 }
 
 impl Default for NodeConfig {
@@ -118,6 +231,7 @@ impl Default for NodeConfig {
             cache_max_bytes: ByteSize::mib(64),
             cluster_secret_file: None,
             peer_tls: None,
+            module_ceilings: ModuleCeilings::default(),
         }
     }
 }
@@ -208,6 +322,14 @@ impl NodeConfig {
             return bad(format!(
                 "max_memory_per_key ({}) must be between 1 MiB and 4 GiB",
                 self.max_memory_per_key
+            ));
+        }
+        let c = &self.module_ceilings;
+        if c.cpu_limit < self.epoch_tick || c.idle_timeout.is_zero() || c.max_live_keys == 0 {
+            return bad(format!(
+                "module_ceilings: cpu_limit ({:?}) must be at least one epoch tick ({:?}), and \
+                 idle_timeout and max_live_keys above zero",
+                c.cpu_limit, self.epoch_tick
             ));
         }
         // The default module options must fit this node, or nothing deploys.
@@ -327,6 +449,7 @@ impl ModuleOptions {
         if self.max_live_keys == 0 || self.mailbox_depth == 0 {
             return bad("max_live_keys and mailbox_depth must be at least 1".to_owned());
         }
+        node.module_ceilings.check(self)?;
         if self.idle_timeout.is_zero() {
             return bad("idle_timeout must be above zero".to_owned());
         }

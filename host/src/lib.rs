@@ -43,7 +43,7 @@ mod transport;
 pub use bindings::types::StopReason;
 pub use cache::{Cache, CacheEntry, CacheStats};
 pub use clock::{SteppedClock, TokioClock};
-pub use config::{ModuleOptions, NodeConfig};
+pub use config::{ModuleCeilings, ModuleOptions, NodeConfig};
 pub use deploy::ModuleListing;
 pub use error::{Error, Result};
 pub use fief_core as core;

@@ -202,6 +202,19 @@ struct NodeArgs {
     /// Most live keys on this node.
     #[arg(long, env = "FIEF_MAX_LIVE_KEYS")]
     max_live_keys: Option<u32>,
+    /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
+    /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
+    /// asking for more is refused. Names: cpu_limit (default 10s),
+    /// idle_timeout (24h), max_live_keys (1000000), mailbox_depth (65536),
+    /// max_timers_per_key (65536), max_subscriptions_per_key (4096),
+    /// max_publishes_per_second (100000).
+    #[arg(
+        long = "module-ceiling",
+        env = "FIEF_MODULE_CEILINGS",
+        value_name = "NAME=VALUE",
+        value_delimiter = ','
+    )]
+    module_ceilings: Vec<String>,
     /// Directory of compiled components, so a restart does not recompile
     /// (default: `$XDG_CACHE_HOME/fief` or `~/.cache/fief`).
     #[arg(long, env = "FIEF_COMPILE_CACHE", conflicts_with = "no_compile_cache")]
@@ -371,6 +384,12 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         max_message_size,
         max_live_keys
     );
+    for ceiling in &args.module_ceilings {
+        let (name, value) = ceiling
+            .split_once('=')
+            .with_context(|| format!("--module-ceiling {ceiling:?}: expected NAME=VALUE"))?;
+        config.module_ceilings.set(name.trim(), value.trim())?;
+    }
     if let Some(addr) = args.peer_listen {
         config.peer_listen = Some(addr);
     }

@@ -5,6 +5,7 @@
 mod arbiter;
 mod bad_input;
 mod cache;
+mod ceilings;
 mod chaos;
 mod cluster;
 mod compile_cache;

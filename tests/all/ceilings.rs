@@ -1,0 +1,171 @@
+//! Every module option has a node ceiling (issue "Hostile tenants cannot
+//! hurt the node or each other", finding 2: `cpu_limit=1000000000h`,
+//! `mailbox_depth=1e8`, `max_timers_per_key=4294967295` and
+//! `idle_timeout=1e15h` were accepted, so a tenant without caps could
+//! deploy a key that is never killed). A deploy over a ceiling is refused
+//! with a message naming the option, the value and the ceiling, and nothing
+//! is stored; the operator sets the ceilings (`NodeConfig::module_ceilings`,
+//! `[module_ceilings]` in the config file, `--module-ceiling NAME=VALUE`).
+
+use std::time::Duration;
+
+use fief::{Error, Instance, ModuleCeilings, ModuleOptions, NodeConfig};
+use fief_tests::{guests, test_config};
+
+async fn refused(node: &Instance, options: ModuleOptions) -> String {
+    match node
+        .deploy("counter", guests::bytes(guests::COUNTER), options)
+        .await
+    {
+        Err(Error::InvalidOptions(why)) => why,
+        other => panic!("expected a refusal naming the ceiling, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn options_over_the_default_ceilings_are_refused_by_name() {
+    let node = Instance::start_embedded(test_config()).await.unwrap();
+    let cases = [
+        (
+            ModuleOptions {
+                cpu_limit: Duration::from_secs(1_000_000_000 * 3600),
+                ..ModuleOptions::default()
+            },
+            "cpu_limit (3600000000000s) is over this node's ceiling (10s)",
+        ),
+        (
+            ModuleOptions {
+                mailbox_depth: 100_000_000,
+                ..ModuleOptions::default()
+            },
+            "mailbox_depth (100000000) is over this node's ceiling (65536)",
+        ),
+        (
+            ModuleOptions {
+                max_timers_per_key: u32::MAX,
+                ..ModuleOptions::default()
+            },
+            "max_timers_per_key (4294967295) is over this node's ceiling (65536)",
+        ),
+        (
+            ModuleOptions {
+                idle_timeout: Duration::from_secs(1_000_000_000_000_000 * 3600),
+                ..ModuleOptions::default()
+            },
+            "idle_timeout",
+        ),
+        (
+            ModuleOptions {
+                max_subscriptions_per_key: 1_000_000,
+                ..ModuleOptions::default()
+            },
+            "max_subscriptions_per_key (1000000) is over this node's ceiling (4096)",
+        ),
+        (
+            ModuleOptions {
+                max_publishes_per_second: u32::MAX,
+                ..ModuleOptions::default()
+            },
+            "max_publishes_per_second",
+        ),
+        (
+            ModuleOptions {
+                max_live_keys: u32::MAX,
+                ..ModuleOptions::default()
+            },
+            "max_live_keys",
+        ),
+    ];
+    for (options, says) in cases {
+        let why = refused(&node, options).await;
+        assert!(why.contains(says), "{why}");
+        assert!(
+            why.contains("--module-ceiling"),
+            "it says how to raise it: {why}"
+        );
+    }
+    assert!(node.status().modules.is_empty(), "nothing was deployed");
+    // At the ceiling is fine.
+    node.deploy(
+        "counter",
+        guests::bytes(guests::COUNTER),
+        ModuleOptions {
+            cpu_limit: Duration::from_secs(10),
+            ..ModuleOptions::default()
+        },
+    )
+    .await
+    .expect("a cpu_limit at the ceiling deploys");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_operator_lowers_a_ceiling_and_deploys_are_held_to_it() {
+    let mut ceilings = ModuleCeilings::default();
+    ceilings.set("cpu_limit", "1s").unwrap();
+    ceilings.set("mailbox_depth", "2048").unwrap();
+    let node = Instance::start_embedded(NodeConfig {
+        module_ceilings: ceilings,
+        ..test_config()
+    })
+    .await
+    .unwrap();
+    let why = refused(
+        &node,
+        ModuleOptions {
+            cpu_limit: Duration::from_secs(2),
+            ..ModuleOptions::default()
+        },
+    )
+    .await;
+    assert!(
+        why.contains("cpu_limit (2s) is over this node's ceiling (1s)"),
+        "{why}"
+    );
+    let why = refused(
+        &node,
+        ModuleOptions {
+            mailbox_depth: 4096,
+            ..ModuleOptions::default()
+        },
+    )
+    .await;
+    assert!(why.contains("(2048)"), "{why}");
+    node.deploy(
+        "counter",
+        guests::bytes(guests::COUNTER),
+        ModuleOptions::default(),
+    )
+    .await
+    .expect("the defaults fit");
+    node.shutdown().await;
+}
+
+#[test]
+fn ceilings_are_named_and_parsed_with_clear_errors() {
+    let mut c = ModuleCeilings::default();
+    let unknown = c.set("cpu", "1s").unwrap_err().to_string();
+    assert!(
+        unknown.contains("unknown module ceiling \"cpu\""),
+        "{unknown}"
+    );
+    assert!(
+        unknown.contains("cpu_limit"),
+        "it lists the names: {unknown}"
+    );
+    let bad = c.set("mailbox_depth", "1e8").unwrap_err().to_string();
+    assert!(bad.contains("mailbox_depth"), "{bad}");
+    // A ceiling the defaults do not fit stops the node at start, saying so.
+    let config = NodeConfig {
+        module_ceilings: ModuleCeilings {
+            cpu_limit: Duration::from_millis(50),
+            ..ModuleCeilings::default()
+        },
+        ..test_config()
+    };
+    let why = config.validate().unwrap_err().to_string();
+    assert!(
+        why.contains("cpu_limit (100ms) is over this node's ceiling (50ms)"),
+        "{why}"
+    );
+}
