@@ -589,6 +589,10 @@ pub fn validate_module_name(name: &str) -> Result<()> {
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
     {
         Some("a module name uses only letters, digits, '_', '-' and '.'")
+    } else if !name.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+        // `.` and `..` name no module in a path or URL, and `-x` reads as a
+        // flag to the CLI: such a module could be deployed but not called.
+        Some("a module name starts with a letter, a digit or '_'")
     } else {
         None
     };

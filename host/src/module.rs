@@ -159,6 +159,99 @@ fn check_interface(bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Refuse a component whose keys could never start: a core module whose
+/// memory starts larger than the module's `memory_limit` (it would fail on
+/// every call, or speak of the pooling allocator's slots), or whose active
+/// data segment lies outside the memory it initializes. Checked statically,
+/// from the binary, before anything is compiled or stored.
+fn check_memories(bytes: &[u8], options: &ModuleOptions) -> Result<()> {
+    use wasmparser::{ConstExpr, DataKind, Operator, Payload, TypeRef};
+    let limit = options.memory_limit.as_u64();
+    let invalid = |e: wasmparser::BinaryReaderError| {
+        Error::InvalidModule(format!("the component is not valid WebAssembly: {e}"))
+    };
+    /// The constant offset of an active data segment, when it is one.
+    fn constant(expr: &ConstExpr<'_>) -> Option<u64> {
+        match expr.get_operators_reader().read().ok()? {
+            Operator::I32Const { value } => Some(u64::from(value as u32)),
+            Operator::I64Const { value } => Some(value as u64),
+            _ => None,
+        }
+    }
+    // Per core module (each starts with a `Version` payload): whether its
+    // memory 0 is imported, and the initial size of the one it defines.
+    let mut imported_memories = 0u32;
+    let mut defined: Vec<u64> = Vec::new();
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(invalid)? {
+            Payload::Version { .. } => {
+                imported_memories = 0;
+                defined.clear();
+            }
+            Payload::ImportSection(reader) => {
+                for group in reader {
+                    for import in group.map_err(invalid)? {
+                        if matches!(import.map_err(invalid)?.1.ty, TypeRef::Memory(_)) {
+                            imported_memories += 1;
+                        }
+                    }
+                }
+            }
+            Payload::MemorySection(reader) => {
+                for memory in reader {
+                    let memory = memory.map_err(invalid)?;
+                    let initial = memory.initial.saturating_mul(u64::from(memory.page_size()));
+                    if initial > limit {
+                        return Err(Error::InvalidModule(format!(
+                            "the component's memory starts at {} ({} pages), over the module's \
+                             memory_limit ({}); deploy it with a larger memory_limit (at most \
+                             the node's max_memory_per_key) or build it with a smaller initial \
+                             memory",
+                            bytesize::ByteSize::b(initial),
+                            memory.initial,
+                            options.memory_limit
+                        )));
+                    }
+                    defined.push(initial);
+                }
+            }
+            Payload::DataSection(reader) => {
+                for data in reader {
+                    let data = data.map_err(invalid)?;
+                    let DataKind::Active {
+                        memory_index,
+                        offset_expr,
+                    } = data.kind
+                    else {
+                        continue;
+                    };
+                    // Only segments of a memory this module defines, at a
+                    // constant offset: an imported memory's size is not
+                    // known here.
+                    let Some(local) = memory_index.checked_sub(imported_memories) else {
+                        continue;
+                    };
+                    let (Some(size), Some(offset)) =
+                        (defined.get(local as usize), constant(&offset_expr))
+                    else {
+                        continue;
+                    };
+                    let end = offset.saturating_add(data.data.len() as u64);
+                    if end > *size {
+                        return Err(Error::InvalidModule(format!(
+                            "a data segment of the component writes bytes {offset}..{end} of a \
+                             memory of {size} bytes: it is out of bounds, so every key would \
+                             fail to start; rebuild the module"
+                        )));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Validate and compile a module. CPU-heavy: call it off the async runtime.
 pub(crate) fn compile(
     runtime: &Runtime,
@@ -168,6 +261,7 @@ pub(crate) fn compile(
 ) -> Result<CompiledModule> {
     check_binary_kind(bytes)?;
     check_interface(bytes)?;
+    check_memories(bytes, &options)?;
     let started = std::time::Instant::now();
     let content_hash = content_hash(bytes);
     let cache = runtime.compile_cache.as_ref();

@@ -24,7 +24,12 @@ async fn refused(node: &Instance, options: ModuleOptions) -> String {
 
 #[tokio::test]
 async fn options_over_the_default_ceilings_are_refused_by_name() {
-    let node = Instance::start_embedded(test_config()).await.unwrap();
+    // The default ceilings (test_config raises cpu_limit's for other tests).
+    let config = NodeConfig {
+        module_ceilings: ModuleCeilings::default(),
+        ..test_config()
+    };
+    let node = Instance::start_embedded(config).await.unwrap();
     let cases = [
         (
             ModuleOptions {

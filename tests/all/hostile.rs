@@ -257,28 +257,8 @@ async fn a_handle_table_bomb_is_stopped_at_the_resource_limit() {
 /// cannot emit `table.grow`) as a component of the `fief:key/key-module`
 /// world, made with wit-component from the repository's WIT.
 fn table_bomb_component() -> Vec<u8> {
-    let root = fief_tests::workspace_root();
-    let mut module =
-        wat::parse_file(root.join("tests/wat/table-bomb.wat")).expect("table-bomb.wat parses");
-    let mut resolve = wit_parser::Resolve::default();
-    let (package, _) = resolve.push_dir(root.join("wit")).expect("the WIT package");
-    let world = resolve
-        .select_world(&[package], Some("key-module"))
-        .expect("the key-module world");
-    wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
-        world,
-        wit_component::StringEncoding::UTF8,
-        false,
-    )
-    .expect("embedding the world");
-    wit_component::ComponentEncoder::default()
-        .module(&module)
-        .expect("a core module with the world's metadata")
-        .validate(true)
-        .encode()
-        .expect("a component")
+    let path = fief_tests::workspace_root().join("tests/wat/table-bomb.wat");
+    fief_tests::component_from_wat(&std::fs::read_to_string(path).expect("table-bomb.wat"))
 }
 
 /// A table growth bomb (`table.grow` in a loop) is trapped where the key's

@@ -59,6 +59,12 @@ pub fn test_config() -> NodeConfig {
     NodeConfig {
         max_live_keys: 256,
         max_memory_per_key: fief::config::ByteSize::mib(128),
+        // Tests of the other kill paths (kill_key, the fence, the table
+        // limit) give their spinning keys a CPU limit they never reach.
+        module_ceilings: fief::ModuleCeilings {
+            cpu_limit: Duration::from_secs(3600),
+            ..fief::ModuleCeilings::default()
+        },
         ..NodeConfig::default()
     }
 }
@@ -170,6 +176,34 @@ impl Drop for HttpServer {
             let _ = tx.send(());
         }
     }
+}
+
+/// A core module in the WebAssembly text format, made a component of the
+/// `fief:key/key-module` world with wit-component from the repository's
+/// WIT: for hostile and malformed guests Rust cannot emit (`table.grow`, an
+/// initial memory or data segment of any size).
+pub fn component_from_wat(text: &str) -> Vec<u8> {
+    let root = workspace_root();
+    let mut module = wat::parse_str(text).expect("the WAT parses");
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve.push_dir(root.join("wit")).expect("the WIT package");
+    let world = resolve
+        .select_world(&[package], Some("key-module"))
+        .expect("the key-module world");
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+        false,
+    )
+    .expect("embedding the world");
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .expect("a core module with the world's metadata")
+        .validate(true)
+        .encode()
+        .expect("a component")
 }
 
 /// The workspace root (the parent of `tests/`).
