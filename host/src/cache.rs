@@ -22,8 +22,11 @@
 //! compare-and-set against a version read before an ownership change can
 //! never succeed against a value written after it.
 //!
-//! The store is bounded in bytes per node and evicts least recently used
-//! entries; entries may carry a time-to-live judged on the node's clock.
+//! The store is bounded in bytes per node and per tenant, and evicts least
+//! recently used entries, but only the writer's own: a tenant's put evicts
+//! only that tenant's entries (its namespaces are `tenant/…`), and is
+//! refused when the room it needs is held by others. Entries may carry a
+//! time-to-live judged on the node's clock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -169,27 +172,64 @@ impl Stored {
     }
 }
 
+/// One writer's entries (a tenant's, or those outside any tenant), least
+/// recently used first out.
+#[derive(Default)]
+struct Pool {
+    entries: Option<LruCache<(String, String), Stored>>,
+    bytes: usize,
+}
+
+impl Pool {
+    fn entries(&mut self) -> &mut LruCache<(String, String), Stored> {
+        self.entries.get_or_insert_with(LruCache::unbounded)
+    }
+
+    fn len(&self) -> usize {
+        self.entries.as_ref().map_or(0, LruCache::len)
+    }
+}
+
+/// Whose an entry of `namespace` is: the tenant of a `tenant/…` namespace,
+/// or `""` outside any tenant.
+fn owner_of(namespace: &str) -> &str {
+    namespace.split_once('/').map_or("", |(tenant, _)| tenant)
+}
+
 /// The entries this node holds as owner. Pure bookkeeping: no I/O, no
 /// clock reads (the caller passes `now`), so it is tested directly.
 pub(crate) struct CacheStore {
-    entries: LruCache<(String, String), Stored>,
+    pools: std::collections::HashMap<String, Pool>,
     /// Per partition: the token of the current ownership and the last
     /// sequence number issued under it.
     sequences: std::collections::HashMap<PartitionId, (OwnershipToken, u32)>,
     bytes: usize,
     max_bytes: usize,
+    /// The bound on one tenant's entries (not on those outside tenants).
+    tenant_max_bytes: usize,
     stats: CacheStats,
 }
 
 impl CacheStore {
-    /// An empty store bounded to `max_bytes`.
-    pub(crate) fn new(max_bytes: usize) -> Self {
+    /// An empty store bounded to `max_bytes`, and to `tenant_max_bytes` for
+    /// each tenant's entries.
+    pub(crate) fn new(max_bytes: usize, tenant_max_bytes: usize) -> Self {
         CacheStore {
-            entries: LruCache::unbounded(),
+            pools: std::collections::HashMap::new(),
             sequences: std::collections::HashMap::new(),
             bytes: 0,
             max_bytes,
+            tenant_max_bytes: tenant_max_bytes.min(max_bytes),
             stats: CacheStats::default(),
+        }
+    }
+
+    /// The bound on the entries of `owner`.
+    fn limit_of(&self, owner: &str) -> usize {
+        if owner.is_empty() {
+            self.max_bytes
+        } else {
+            self.tenant_max_bytes
         }
     }
 
@@ -230,8 +270,28 @@ impl CacheStore {
                     return Ok(CacheOutcome::Conflict { current });
                 }
                 let charge = Stored::charge(&id.0, &id.1, &value);
-                if charge > self.max_bytes {
+                let owner = owner_of(&id.0).to_owned();
+                let limit = self.limit_of(&owner);
+                if charge > limit {
                     return Err(Error::CacheEntryTooLarge {
+                        size: charge,
+                        limit,
+                    });
+                }
+                // The room this put needs may come only from the writer's
+                // own entries: refused, before anything changes, when the
+                // rest of the bound is held by others.
+                let pool = self.pools.entry(owner.clone()).or_default();
+                let replaced = pool
+                    .entries()
+                    .peek(&id)
+                    .map_or(0, |old| Stored::charge(&id.0, &id.1, &old.value));
+                let own_others = pool.bytes - replaced;
+                let must_free = (own_others + charge)
+                    .saturating_sub(limit)
+                    .max((self.bytes - replaced + charge).saturating_sub(self.max_bytes));
+                if must_free > own_others {
+                    return Err(Error::CacheFull {
                         size: charge,
                         limit: self.max_bytes,
                     });
@@ -241,7 +301,9 @@ impl CacheStore {
                     .map(|ms| Instant::from_origin(now.since_origin() + Duration::from_millis(ms)));
                 self.remove(&id);
                 self.bytes += charge;
-                self.entries.push(
+                let pool = self.pools.entry(owner.clone()).or_default();
+                pool.bytes += charge;
+                pool.entries().push(
                     id,
                     Stored {
                         value,
@@ -251,7 +313,7 @@ impl CacheStore {
                         expires_at,
                     },
                 );
-                self.evict_to_bound();
+                self.evict_to_bound(&owner);
                 Ok(CacheOutcome::Written { version })
             }
             CacheOp::Delete {
@@ -277,7 +339,8 @@ impl CacheStore {
         token: OwnershipToken,
         now: Instant,
     ) -> Option<&Stored> {
-        let dead = match self.entries.peek(id) {
+        let pool = self.pools.get_mut(owner_of(&id.0))?;
+        let dead = match pool.entries().peek(id) {
             None => return None,
             Some(stored) if stored.token != token => Some(false),
             Some(stored) if stored.expires_at.is_some_and(|at| at <= now) => Some(true),
@@ -293,7 +356,7 @@ impl CacheStore {
                 }
                 None
             }
-            None => self.entries.get(id),
+            None => self.pools.get_mut(owner_of(&id.0))?.entries().get(id),
         }
     }
 
@@ -320,21 +383,34 @@ impl CacheStore {
     }
 
     fn remove(&mut self, id: &(String, String)) -> bool {
-        match self.entries.pop(id) {
+        let Some(pool) = self.pools.get_mut(owner_of(&id.0)) else {
+            return false;
+        };
+        match pool.entries().pop(id) {
             Some(stored) => {
-                self.bytes -= Stored::charge(&id.0, &id.1, &stored.value);
+                let charge = Stored::charge(&id.0, &id.1, &stored.value);
+                self.bytes -= charge;
+                pool.bytes -= charge;
                 true
             }
             None => false,
         }
     }
 
-    fn evict_to_bound(&mut self) {
-        while self.bytes > self.max_bytes {
-            let Some((id, stored)) = self.entries.pop_lru() else {
+    /// Evict `owner`'s least recently used entries until both its bound and
+    /// the store's hold (the caller checked that its own entries suffice).
+    fn evict_to_bound(&mut self, owner: &str) {
+        let limit = self.limit_of(owner);
+        let Some(pool) = self.pools.get_mut(owner) else {
+            return;
+        };
+        while pool.bytes > limit || self.bytes > self.max_bytes {
+            let Some((id, stored)) = pool.entries().pop_lru() else {
                 break;
             };
-            self.bytes -= Stored::charge(&id.0, &id.1, &stored.value);
+            let charge = Stored::charge(&id.0, &id.1, &stored.value);
+            self.bytes -= charge;
+            pool.bytes -= charge;
             self.stats.evictions += 1;
         }
     }
@@ -347,8 +423,10 @@ impl CacheStore {
         owned: impl Fn(PartitionId, OwnershipToken) -> bool,
     ) -> usize {
         let gone: Vec<(String, String)> = self
-            .entries
-            .iter()
+            .pools
+            .values()
+            .filter_map(|pool| pool.entries.as_ref())
+            .flat_map(LruCache::iter)
             .filter(|(_, stored)| !owned(stored.partition, stored.token))
             .map(|(id, _)| id.clone())
             .collect();
@@ -368,7 +446,7 @@ impl CacheStore {
     /// The store's counters.
     pub(crate) fn stats(&self) -> CacheStats {
         CacheStats {
-            entries: self.entries.len() as u64,
+            entries: self.pools.values().map(Pool::len).sum::<usize>() as u64,
             bytes: self.bytes as u64,
             max_bytes: self.max_bytes as u64,
             ..self.stats.clone()
@@ -596,7 +674,7 @@ mod tests {
 
     #[test]
     fn reads_its_own_writes_and_counts_hits_and_misses() {
-        let mut store = CacheStore::new(1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20);
         assert_eq!(found(store.apply(get("a"), P, T1, at(0)).unwrap()), None);
         let v = version(
             store
@@ -611,7 +689,7 @@ mod tests {
 
     #[test]
     fn versions_rise_across_ownership_changes() {
-        let mut store = CacheStore::new(1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20);
         let v1 = version(
             store
                 .apply(put("a", b"1", Expect::Any), P, T1, at(0))
@@ -640,7 +718,7 @@ mod tests {
 
     #[test]
     fn entries_of_an_earlier_ownership_are_never_served() {
-        let mut store = CacheStore::new(1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20);
         store
             .apply(put("a", b"old", Expect::Any), P, T1, at(0))
             .unwrap();
@@ -651,7 +729,7 @@ mod tests {
 
     #[test]
     fn compare_and_set_checks_the_current_version() {
-        let mut store = CacheStore::new(1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20);
         let v = version(
             store
                 .apply(put("a", b"1", Expect::Absent), P, T1, at(0))
@@ -695,7 +773,7 @@ mod tests {
 
     #[test]
     fn entries_expire_on_the_given_clock() {
-        let mut store = CacheStore::new(1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20);
         let op = CacheOp::Put {
             namespace: "ns".into(),
             key: "a".into(),
@@ -716,7 +794,7 @@ mod tests {
     #[test]
     fn the_memory_bound_evicts_the_least_recently_used() {
         let charge = Stored::charge("ns", "a", &[0; 100]);
-        let mut store = CacheStore::new(charge * 2);
+        let mut store = CacheStore::new(charge * 2, charge * 2);
         store
             .apply(put("a", &[0; 100], Expect::Any), P, T1, at(0))
             .unwrap();
@@ -739,9 +817,77 @@ mod tests {
         assert!(matches!(err, Error::CacheEntryTooLarge { .. }), "{err}");
     }
 
+    fn put_in(namespace: &str, key: &str, size: usize) -> CacheOp {
+        CacheOp::Put {
+            namespace: namespace.into(),
+            key: key.into(),
+            value: vec![0; size],
+            ttl_ms: None,
+            expect: Expect::Any,
+        }
+    }
+
+    fn has(store: &mut CacheStore, namespace: &str, key: &str) -> bool {
+        let op = CacheOp::Get {
+            namespace: namespace.into(),
+            key: key.into(),
+        };
+        found(store.apply(op, P, T1, at(0)).unwrap()).is_some()
+    }
+
+    /// Issue 16, finding 8: one pool's LRU crossed tenants, so tenant A
+    /// writing 100 MB evicted tenant B's entries. A tenant's writes now evict
+    /// only its own entries, within its own bound, and a write that needs
+    /// room others hold is refused.
+    #[test]
+    fn a_tenant_evicts_only_its_own_entries() {
+        let unit = Stored::charge("acme/ns", "k00", &[0; 1000]);
+        // Room for 10 entries; 4 per tenant.
+        let mut store = CacheStore::new(unit * 10, unit * 4);
+        for i in 0..3 {
+            store
+                .apply(put_in("globex/ns", &format!("k{i:02}"), 1000), P, T1, at(0))
+                .unwrap();
+        }
+        // acme writes far more than its bound: it evicts its own oldest.
+        for i in 0..50 {
+            store
+                .apply(put_in("acme/ns", &format!("k{i:02}"), 1000), P, T1, at(0))
+                .unwrap();
+        }
+        for i in 0..3 {
+            assert!(
+                has(&mut store, "globex/ns", &format!("k{i:02}")),
+                "globex lost k{i:02}"
+            );
+        }
+        assert!(has(&mut store, "acme/ns", "k49") && !has(&mut store, "acme/ns", "k45"));
+        assert_eq!(store.stats().entries, 7);
+        // Outside tenants (an open node's namespaces) fill the rest of the
+        // store; then a tenant with nothing of its own to evict is refused,
+        // and nobody's entries are touched.
+        for i in 0..3 {
+            store
+                .apply(put_in("ns", &format!("k{i:02}"), 1000), P, T1, at(0))
+                .unwrap();
+        }
+        let err = store
+            .apply(put_in("initech/ns", "k00", 1000), P, T1, at(0))
+            .unwrap_err();
+        assert!(matches!(err, Error::CacheFull { .. }), "{err}");
+        assert_eq!(store.stats().entries, 10);
+        assert!(has(&mut store, "globex/ns", "k00") && has(&mut store, "ns", "k00"));
+        // One entry over a tenant's bound is too large for any tenant.
+        let err = store
+            .apply(put_in("acme/ns", "big", 5000), P, T1, at(0))
+            .unwrap_err();
+        assert!(matches!(err, Error::CacheEntryTooLarge { .. }), "{err}");
+        assert!(store.stats().bytes <= store.stats().max_bytes);
+    }
+
     #[test]
     fn retain_and_clear_drop_what_is_no_longer_owned() {
-        let mut store = CacheStore::new(1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20);
         store
             .apply(put("a", b"1", Expect::Any), PartitionId(1), T1, at(0))
             .unwrap();

@@ -84,6 +84,10 @@ pub struct NodeConfig {
     /// Bound on the coherent cache's entries this node holds (values, names
     /// and bookkeeping); least recently used entries are evicted beyond it.
     pub cache_max_bytes: ByteSize,
+    /// Bound on the coherent cache's entries of one tenant (its namespaces
+    /// `tenant/…`), at most `cache_max_bytes`: a tenant evicts only its own
+    /// entries, so this keeps one tenant from holding the whole cache.
+    pub cache_max_bytes_per_tenant: ByteSize,
     /// A file holding the cluster secret (16 bytes or more, surrounding
     /// whitespace ignored): peers prove they know it before any request is
     /// served (see [`crate::transport`]). Every node of a cluster uses the
@@ -229,6 +233,7 @@ impl Default for NodeConfig {
             call_timeout: Duration::from_secs(5),
             compile_cache: None,
             cache_max_bytes: ByteSize::mib(64),
+            cache_max_bytes_per_tenant: ByteSize::mib(16),
             cluster_secret_file: None,
             peer_tls: None,
             module_ceilings: ModuleCeilings::default(),
@@ -300,6 +305,12 @@ impl NodeConfig {
                 "kill_bound ({:?}) must be at least two epoch ticks ({:?}): a running guest notices a kill at the next tick",
                 self.kill_bound,
                 self.epoch_tick * 2
+            ));
+        }
+        if self.cache_max_bytes_per_tenant.as_u64() < 4096 {
+            return bad(format!(
+                "cache_max_bytes_per_tenant ({}) must be at least 4 KiB",
+                self.cache_max_bytes_per_tenant
             ));
         }
         if self.cache_max_bytes.as_u64() < 4096 {

@@ -190,6 +190,17 @@ pub enum Error {
         /// The bound.
         limit: usize,
     },
+    /// The cache has no room for an entry: the rest of its bound holds
+    /// other tenants' entries, which a tenant's write never evicts.
+    #[error(
+        "the cache has no room for an entry of {size} bytes: its bound of {limit} bytes is held by other tenants' entries, which one tenant's writes never evict; store less, retry later, or raise cache_max_bytes"
+    )]
+    CacheFull {
+        /// The entry's charge.
+        size: usize,
+        /// The store's bound.
+        limit: usize,
+    },
     /// The API request carries no valid token, and the node requires one
     /// ([`crate::auth`]).
     #[error("unauthorized: {0}")]
@@ -251,6 +262,7 @@ impl Error {
             Error::MethodNotAllowed(_) => "method_not_allowed",
             Error::VersionConflict { .. } => "version_conflict",
             Error::CacheEntryTooLarge { .. } => "cache_entry_too_large",
+            Error::CacheFull { .. } => "cache_full",
             Error::Unauthorized(_) => "unauthorized",
             Error::Forbidden(_) => "forbidden",
             Error::UnknownModuleVersion { .. } => "unknown_module_version",
@@ -276,7 +288,10 @@ impl Error {
             Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
             Error::Deadlock => 409,
             Error::MethodNotAllowed(_) => 405,
-            Error::Overloaded { .. } | Error::TooManyKeys { .. } | Error::PoolFull { .. } => 429,
+            Error::Overloaded { .. }
+            | Error::TooManyKeys { .. }
+            | Error::PoolFull { .. }
+            | Error::CacheFull { .. } => 429,
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
             Error::Fenced

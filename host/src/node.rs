@@ -1085,6 +1085,8 @@ impl InstanceBuilder {
         let limbo = Limbo::start(runtime.engine.clone());
         let cache_max_bytes =
             usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
+        let cache_tenant_max_bytes =
+            usize::try_from(config.cache_max_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
             table: RwLock::new(OwnershipTable::new(config.partition_count())),
@@ -1122,7 +1124,7 @@ impl InstanceBuilder {
             route_delay_ms: std::sync::atomic::AtomicU64::new(0),
             fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
-            cache: Mutex::new(CacheStore::new(cache_max_bytes)),
+            cache: Mutex::new(CacheStore::new(cache_max_bytes, cache_tenant_max_bytes)),
             metrics: crate::metrics::Metrics::new(),
         });
         // Builder modules go through the module store like any deploy; then
