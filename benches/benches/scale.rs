@@ -232,6 +232,12 @@ fn kill(report: &mut Report, mode: Mode) {
     let ends = Arc::new(Ends::default());
     let mut config = NodeConfig {
         max_live_keys: 256,
+        // The spinning keys' CPU limit (spin_options) is over the default
+        // ceiling on purpose: only the kill stops them.
+        module_ceilings: fief::ModuleCeilings {
+            cpu_limit: Duration::from_secs(600),
+            ..fief::ModuleCeilings::default()
+        },
         ..NodeConfig::default()
     };
     if let Some(ms) = std::env::var("FIEF_SCALE_EPOCH_TICK_MS")
@@ -549,6 +555,11 @@ fn scale_config(keys: usize) -> NodeConfig {
     NodeConfig {
         max_live_keys: u32::try_from(keys).expect("key count") + 64,
         max_memory_per_key: SCALE_MEMORY,
+        // spin_options asks for more CPU than the default ceiling.
+        module_ceilings: fief::ModuleCeilings {
+            cpu_limit: Duration::from_secs(600),
+            ..fief::ModuleCeilings::default()
+        },
         ..NodeConfig::default()
     }
 }

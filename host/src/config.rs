@@ -77,6 +77,10 @@ pub struct NodeConfig {
     /// How long a call waits for a reply before it fails with `timeout`.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
+    /// Longest a deploy waits for its component to compile; a slower one is
+    /// refused (a compile bomb within the static limits).
+    #[serde(with = "humantime_serde")]
+    pub compile_timeout: Duration,
     /// Directory of compiled components, keyed by content hash and engine
     /// settings, so a restarted node does not recompile; `None` compiles
     /// every deploy. It must be writable only by the node's user.
@@ -231,6 +235,7 @@ impl Default for NodeConfig {
             max_live_keys: 10_000,
             max_memory_per_key: ByteSize::mib(256),
             call_timeout: Duration::from_secs(5),
+            compile_timeout: Duration::from_secs(300),
             compile_cache: None,
             cache_max_bytes: ByteSize::mib(64),
             cache_max_bytes_per_tenant: ByteSize::mib(16),

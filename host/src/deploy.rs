@@ -63,6 +63,34 @@ pub(crate) struct Deploys {
     /// arbiter was unreachable at start: installed here, stored by the
     /// follower as soon as it can, and never unloaded meanwhile.
     unstored: std::sync::Mutex<Vec<NewModuleVersion>>,
+    /// Compiles running on this node: one at a time (a compile uses every
+    /// core already), each holding its permit until its thread ends, even
+    /// when the deploy stopped waiting for it.
+    compiles: CompileSlots,
+    /// Tenants with a compile in flight: one each, so one tenant's deploys
+    /// cannot fill the queue ahead of everyone else's.
+    compiling_tenants: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// The node's compile permits.
+struct CompileSlots(Arc<tokio::sync::Semaphore>);
+
+impl Default for CompileSlots {
+    fn default() -> Self {
+        CompileSlots(Arc::new(tokio::sync::Semaphore::new(1)))
+    }
+}
+
+/// Releases a tenant's compile slot when its deploy ends.
+struct TenantCompile<'a> {
+    deploys: &'a Deploys,
+    tenant: String,
+}
+
+impl Drop for TenantCompile<'_> {
+    fn drop(&mut self) {
+        lock(&self.deploys.compiling_tenants).remove(&self.tenant);
+    }
 }
 
 impl Deploys {
@@ -138,6 +166,20 @@ impl NodeShared {
     ) -> Result<ModuleInfo> {
         validate_stored_name(name)?;
         options.validate_for(&self.config, &self.config.lease_timing()?)?;
+        let _tenant_slot = match name.split_once('/') {
+            Some((tenant, _)) => {
+                if !lock(&self.deploys.compiling_tenants).insert(tenant.to_owned()) {
+                    return Err(Error::CompileBusy {
+                        tenant: tenant.to_owned(),
+                    });
+                }
+                Some(TenantCompile {
+                    deploys: &self.deploys,
+                    tenant: tenant.to_owned(),
+                })
+            }
+            None => None,
+        };
         let mut compiled = self
             .compile_off_thread(wasm.clone(), options.clone(), 0)
             .await?;
@@ -211,11 +253,30 @@ impl NodeShared {
         options: ModuleOptions,
         version: u64,
     ) -> Result<CompiledModule> {
+        let permit = self
+            .deploys
+            .compiles
+            .0
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
         let shared = self.clone();
-        let compiled =
-            tokio::task::spawn_blocking(move || compile(&shared.runtime, &wasm, options, version))
-                .await
-                .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
+        let compiling = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            compile(&shared.runtime, &wasm, options, version)
+        });
+        let limit = self.config.compile_timeout;
+        let compiled = tokio::time::timeout(limit, compiling)
+            .await
+            .map_err(|_| {
+                Error::InvalidModule(format!(
+                    "compiling the component took longer than this node's compile_timeout \
+                     ({limit:?}); it is refused (the compile finishes in the background \
+                     holding the node's compile slot). Build it smaller"
+                ))
+            })?
+            .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
         self.metrics
             .compiled(compiled.compile_cached, compiled.compile_time);
         Ok(compiled)

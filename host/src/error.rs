@@ -117,6 +117,14 @@ pub enum Error {
         /// The mailbox depth.
         depth: usize,
     },
+    /// The tenant already has a deploy compiling on this node.
+    #[error(
+        "tenant {tenant:?} already has a deploy compiling on this node (one at a time per tenant); retry when it finishes"
+    )]
+    CompileBusy {
+        /// The tenant.
+        tenant: String,
+    },
     /// The module already has its maximum number of live keys on this node.
     #[error(
         "module {module:?} already has {limit} live keys on this node (max_live_keys); retry later or raise the limit"
@@ -250,6 +258,7 @@ impl Error {
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::NotOwner { .. } => "not_owner",
             Error::Overloaded { .. } => "overloaded",
+            Error::CompileBusy { .. } => "compile_busy",
             Error::TooManyKeys { .. } | Error::PoolFull { .. } => "too_many_keys",
             Error::InitRefused(_) => "init_refused",
             Error::Rejected(_) => "rejected",
@@ -291,7 +300,8 @@ impl Error {
             Error::Overloaded { .. }
             | Error::TooManyKeys { .. }
             | Error::PoolFull { .. }
-            | Error::CacheFull { .. } => 429,
+            | Error::CacheFull { .. }
+            | Error::CompileBusy { .. } => 429,
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
             Error::Fenced

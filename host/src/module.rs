@@ -25,6 +25,16 @@ use crate::runtime::Runtime;
 /// Largest component accepted by a deploy.
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Most functions over all core modules of one component. A compile bomb
+/// of 400 000 small functions took 30 s of both cores and 2.2 GB; a Python
+/// key module (componentize-py) has about 13 000, a JavaScript one 13 000.
+pub const MAX_FUNCTIONS: u64 = 100_000;
+
+/// Largest body of one function, in bytes. Single 7 MB functions took
+/// 7–21 s and about 4 GB each to compile; the largest in a Python key
+/// module is about 430 KB.
+pub const MAX_FUNCTION_BYTES: usize = 1024 * 1024;
+
 /// The interfaces of the `fief:key` package a key module may import.
 const FIEF_IMPORTS: [&str; 2] = ["fief:key/host@0.1.0", "fief:key/types@0.1.0"];
 
@@ -252,6 +262,44 @@ fn check_memories(bytes: &[u8], options: &ModuleOptions) -> Result<()> {
     Ok(())
 }
 
+/// Refuse a compile bomb before compiling it: more than [`MAX_FUNCTIONS`]
+/// functions, or one over [`MAX_FUNCTION_BYTES`]. Compile time and memory
+/// grow with both; past them a deploy costs the node more than any real key
+/// module does.
+fn check_code_size(bytes: &[u8]) -> Result<()> {
+    use wasmparser::Payload;
+    let mut functions = 0u64;
+    for payload in Parser::new(0).parse_all(bytes) {
+        let payload = payload.map_err(|e| {
+            Error::InvalidModule(format!("the component is not valid WebAssembly: {e}"))
+        })?;
+        match payload {
+            Payload::CodeSectionStart { count, .. } => {
+                functions += u64::from(count);
+                if functions > MAX_FUNCTIONS {
+                    return Err(Error::InvalidModule(format!(
+                        "the component has over {MAX_FUNCTIONS} functions ({functions} so far): \
+                         compiling it would cost the node more than any key module should; \
+                         split it or build it smaller"
+                    )));
+                }
+            }
+            Payload::CodeSectionEntry(body) => {
+                let size = body.range().len();
+                if size > MAX_FUNCTION_BYTES {
+                    return Err(Error::InvalidModule(format!(
+                        "a function of the component is {size} bytes, over the limit of \
+                         {MAX_FUNCTION_BYTES}: compiling it would take seconds and gigabytes; \
+                         split the function"
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Validate and compile a module. CPU-heavy: call it off the async runtime.
 pub(crate) fn compile(
     runtime: &Runtime,
@@ -262,6 +310,7 @@ pub(crate) fn compile(
     check_binary_kind(bytes)?;
     check_interface(bytes)?;
     check_memories(bytes, &options)?;
+    check_code_size(bytes)?;
     let started = std::time::Instant::now();
     let content_hash = content_hash(bytes);
     let cache = runtime.compile_cache.as_ref();

@@ -132,7 +132,7 @@ fn code_status(code: &str) -> u16 {
         "invalid_key" | "invalid_module_name" => 400,
         "message_too_large" | "cache_entry_too_large" => 413,
         "init_refused" => 422,
-        "overloaded" | "too_many_keys" | "cache_full" => 429,
+        "overloaded" | "too_many_keys" | "cache_full" | "compile_busy" => 429,
         "key_died" | "internal" => 500,
         "timeout" => 504,
         _ => 503,

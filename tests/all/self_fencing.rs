@@ -43,6 +43,8 @@ fn config() -> NodeConfig {
         max_live_keys: 64,
         max_memory_per_key: fief::config::ByteSize::mib(64),
         call_timeout: Duration::from_secs(30),
+        // The spinning keys here must outlast the fence, not their CPU limit.
+        module_ceilings: fief_tests::test_config().module_ceilings,
         ..NodeConfig::default()
     }
 }
