@@ -33,7 +33,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::error::{Error, Result};
-use crate::guest_log::{GuestLogger, LogLimits};
+use crate::guest_log::{GuestLogger, LogLimits, MAX_GUEST_ERROR, bounded};
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
@@ -610,7 +610,9 @@ impl KeyProcess {
             .await;
         match init {
             Ok(Ok(())) => Ok(process),
-            Ok(Err(refusal)) => Err(Error::InitRefused(refusal)),
+            // Guest text is cut where it enters the host: the refusal goes
+            // to the caller, the log and peers.
+            Ok(Err(refusal)) => Err(Error::InitRefused(bounded(refusal, MAX_GUEST_ERROR))),
             Err(e) => Err(Error::KeyDied(process.death(&e).0)),
         }
     }
@@ -635,7 +637,10 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_call(&mut self.store, message)
             .await;
-        r.map_err(|e| self.death(&e))
+        // The guest's error is cut where it enters the host: it travels to
+        // the caller (and on to HTTP, logs and peers) like a reply.
+        r.map(|result| result.map_err(|why| bounded(why, MAX_GUEST_ERROR)))
+            .map_err(|e| self.death(&e))
     }
 
     async fn handle_cast(&mut self, message: &[u8]) -> Result<(), Death> {
@@ -673,7 +678,11 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_fence(&mut self.store, deadline_ms)
             .await;
-        r.map_err(|e| self.death(&e))
+        r.map(|decision| match decision {
+            FenceDecision::Stop(reason) => FenceDecision::Stop(bounded(reason, MAX_GUEST_ERROR)),
+            other => other,
+        })
+        .map_err(|e| self.death(&e))
     }
 
     async fn handoff(&mut self) -> Result<Option<Vec<u8>>, Death> {
@@ -701,8 +710,13 @@ impl KeyProcess {
     }
 }
 
-/// Say why a guest invocation failed, most specific cause first.
+/// Say why a guest invocation failed, most specific cause first, in at
+/// most [`MAX_GUEST_ERROR`] bytes (a trap's text may carry the guest's).
 fn describe_failure(store: &mut Store<KeyCtx>, error: &wasmtime::Error) -> String {
+    bounded(describe_failure_in_full(store, error), MAX_GUEST_ERROR)
+}
+
+fn describe_failure_in_full(store: &mut Store<KeyCtx>, error: &wasmtime::Error) -> String {
     let ctx = store.data_mut();
     if let Some(reason) = ctx.env.control.reason() {
         return format!("killed: {reason}");
