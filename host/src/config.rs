@@ -271,13 +271,12 @@ pub struct ModuleOptions {
     pub max_publishes_per_second: u32,
     /// Log lines one key may make per second, over the `log` import, stdout
     /// and stderr together (a token bucket with a burst of ten seconds'
-    /// worth); lines over it are dropped and counted
-    /// ([`crate::guest_log`]). At most
-    /// [`MAX_LOG_LINES_PER_SECOND`](crate::guest_log::MAX_LOG_LINES_PER_SECOND).
+    /// worth); lines over it are dropped, counted in the metric
+    /// `fief_guest_log_lines_dropped_total` and noted in the log. 1 to
+    /// 10 000; default 100.
     pub max_log_lines_per_second: u32,
-    /// Log bytes one key may make per second, likewise (each line is also cut
-    /// at [`MAX_LOG_LINE`](crate::guest_log::MAX_LOG_LINE)). At most
-    /// [`MAX_LOG_BYTES_PER_SECOND`](crate::guest_log::MAX_LOG_BYTES_PER_SECOND).
+    /// Log bytes one key may make per second, likewise (each line is also
+    /// cut at 8 KiB). 1 KiB to 10 MiB; default 100 KiB.
     pub max_log_bytes_per_second: ByteSize,
     /// A host directory preopened at `/data` in every key, read-only or
     /// read-write (`"/srv/data:ro"`); `None`: no filesystem at all. See

@@ -4,9 +4,10 @@
 //! **Capabilities: none by default.** A key's WASI context has no
 //! environment, no arguments, no stdin, no filesystem and no network:
 //! TCP, UDP and name lookup are refused and every socket address check says
-//! no. Stdout and stderr go to the node's log ([`crate::guest_log`]); wall
-//! and monotonic clocks and random numbers are allowed. The one capability a
-//! module's options may grant is one host directory, preopened read-only or
+//! no. Stdout and stderr go to the node's log ([`crate::guest_log`]), cut
+//! and rate-limited like the `log` import; wall and monotonic clocks and
+//! random numbers are allowed. The one capability a module's options may
+//! grant is one host directory, preopened read-only or
 //! read-write at [`GUEST_DIR`] ([`DirGrant`], the `dir` option). Naming host
 //! paths is an operator's decision: a deploy without tenant caps (the admin)
 //! may name any directory; a tenant's deploy only a directory under one its
