@@ -308,7 +308,8 @@ impl GuestLogger {
         };
         let cut = partial.len > MAX_LOG_LINE;
         if !enabled(level) {
-            partial.take();
+            partial.kept.clear();
+            partial.len = 0;
             return;
         }
         let line = partial.take();

@@ -53,9 +53,40 @@ impl Captured {
     }
 }
 
+/// The process's global subscriber while these tests run: it logs nothing
+/// and decides nothing ahead. `tracing` caches each call site's interest,
+/// and a call site first reached while no test's subscriber exists (or
+/// while one is being made) would otherwise be cached as "never" and stay
+/// silent for every later capture, so a test would miss lines (it did).
+/// With this one every call site asks the thread's subscriber each time.
+struct Undecided;
+
+impl tracing::Subscriber for Undecided {
+    fn register_callsite(&self, _: &tracing::Metadata<'_>) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 /// Run `test` on a two-worker runtime whose every thread (and this one)
 /// logs into the capture it is given.
 fn run_captured<F: Future<Output = ()>>(test: impl FnOnce(Captured) -> F) {
+    static UNDECIDED: std::sync::Once = std::sync::Once::new();
+    UNDECIDED.call_once(|| {
+        // Another global subscriber would do as well, if one was set.
+        let _ = tracing::subscriber::set_global_default(Undecided);
+        tracing::callsite::rebuild_interest_cache();
+    });
     let captured = Captured::default();
     let writer = captured.clone();
     let dispatch = tracing::Dispatch::new(
@@ -76,6 +107,9 @@ fn run_captured<F: Future<Output = ()>>(test: impl FnOnce(Captured) -> F) {
         .build()
         .expect("a runtime");
     let _guard = tracing::dispatcher::set_default(&dispatch);
+    // A call site whose registration began before `Undecided` was set and
+    // ended after: asked again now.
+    tracing::callsite::rebuild_interest_cache();
     runtime.block_on(test(captured));
 }
 
