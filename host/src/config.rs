@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 pub use bytesize::ByteSize;
 
 use crate::error::{Error, Result};
+use crate::guest_log::{MAX_LOG_BYTES_PER_SECOND, MAX_LOG_LINES_PER_SECOND};
 
 /// Longest key name, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -406,6 +407,15 @@ pub struct ModuleOptions {
     /// Publications one key may make per second (a token bucket with a burst
     /// of one second's worth); over it `publish` fails with `limit`.
     pub max_publishes_per_second: u32,
+    /// Log lines one key may make per second, over the `log` import, stdout
+    /// and stderr together (a token bucket with a burst of ten seconds'
+    /// worth); lines over it are dropped, counted in the metric
+    /// `fief_guest_log_lines_dropped_total` and noted in the log. 1 to
+    /// 10 000; default 100.
+    pub max_log_lines_per_second: u32,
+    /// Log bytes one key may make per second, likewise (each line is also
+    /// cut at 8 KiB). 1 KiB to 10 MiB; default 100 KiB.
+    pub max_log_bytes_per_second: ByteSize,
     /// A host directory preopened at `/data` in every key, read-only or
     /// read-write (`"/srv/data:ro"`); `None`: no filesystem at all. See
     /// [`crate::sandbox`] for who may name host paths.
@@ -428,6 +438,8 @@ impl Default for ModuleOptions {
             max_reply_size: None,
             max_handoff_size: None,
             max_publishes_per_second: 1000,
+            max_log_lines_per_second: crate::guest_log::DEFAULT_LOG_LINES_PER_SECOND,
+            max_log_bytes_per_second: crate::guest_log::DEFAULT_LOG_BYTES_PER_SECOND,
             dir: None,
         }
     }
@@ -485,6 +497,20 @@ impl ModuleOptions {
         }
         if self.max_publishes_per_second == 0 {
             return bad("max_publishes_per_second must be at least 1".to_owned());
+        }
+        if !(1..=MAX_LOG_LINES_PER_SECOND).contains(&self.max_log_lines_per_second) {
+            return bad(format!(
+                "max_log_lines_per_second ({}) must be between 1 and {MAX_LOG_LINES_PER_SECOND}",
+                self.max_log_lines_per_second
+            ));
+        }
+        if self.max_log_bytes_per_second < ByteSize::kib(1)
+            || self.max_log_bytes_per_second > MAX_LOG_BYTES_PER_SECOND
+        {
+            return bad(format!(
+                "max_log_bytes_per_second ({}) must be between 1 KiB and {MAX_LOG_BYTES_PER_SECOND}",
+                self.max_log_bytes_per_second
+            ));
         }
         if let Some(dir) = &self.dir {
             dir.check_exists()?;
@@ -549,10 +575,12 @@ impl ModuleOptions {
             "max_reply_size" => self.max_reply_size = Some(size(value)?),
             "max_handoff_size" => self.max_handoff_size = Some(size(value)?),
             "max_publishes_per_second" => self.max_publishes_per_second = count(value)?,
+            "max_log_lines_per_second" => self.max_log_lines_per_second = count(value)?,
+            "max_log_bytes_per_second" => self.max_log_bytes_per_second = size(value)?,
             "dir" => self.dir = Some(value.parse().map_err(Error::InvalidOptions)?),
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, dir"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_log_lines_per_second, max_log_bytes_per_second, dir"
                 )));
             }
         }
@@ -672,6 +700,28 @@ mod tests {
         assert!(err.to_string().contains("cpu_limit"), "{err}");
         let err = ModuleOptions::from_pairs([("colour", "red")]).unwrap_err();
         assert!(err.to_string().contains("unknown option"), "{err}");
+    }
+
+    #[test]
+    fn log_rates_are_held_under_their_ceilings() {
+        let node = NodeConfig::default();
+        let timing = node.lease_timing().unwrap();
+        for (name, value) in [
+            ("max_log_lines_per_second", "0"),
+            ("max_log_lines_per_second", "10001"),
+            ("max_log_bytes_per_second", "100"),
+            ("max_log_bytes_per_second", "11MiB"),
+        ] {
+            let o = ModuleOptions::from_pairs([(name, value)]).unwrap();
+            let err = o.validate_for(&node, &timing).unwrap_err().to_string();
+            assert!(err.contains(name), "{err}");
+        }
+        let o = ModuleOptions::from_pairs([
+            ("max_log_lines_per_second", "10000"),
+            ("max_log_bytes_per_second", "10MiB"),
+        ])
+        .unwrap();
+        o.validate_for(&node, &timing).unwrap();
     }
 
     #[test]

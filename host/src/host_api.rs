@@ -7,11 +7,18 @@
 //! failures — a full mailbox, an unknown module, a limit — are WIT `result`s
 //! the guest can handle; traps are reserved for refusals and kills.
 //!
+//! Every import charges its host time to the calling callback's CPU budget
+//! ([`KeyCtx::charge_host`]): the measured time of its work (one
+//! `Instant::now` pair; an async import's waiting for another key or the
+//! cache's owner is not counted, that is bounded by its timeout) and an
+//! estimate for copying its arguments out of the guest's memory. A guest
+//! cannot make the host work for it beyond `cpu_limit`.
+//!
 //! A tenant's key lives inside its tenant ([`crate::auth`]): the modules
 //! it calls and casts to, its topics and its cache namespaces are resolved
 //! as `tenant/name`, so it can neither reach nor overhear another tenant.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::auth::{guest_module, guest_scoped};
 use crate::bindings::host::Host;
@@ -32,22 +39,246 @@ impl KeyCtx {
         }
         Ok(())
     }
+
+    /// Run a synchronous import, charging its host time and its `lifted`
+    /// bytes of arguments to the callback's CPU budget.
+    fn charged<T>(
+        &mut self,
+        lifted: usize,
+        import: impl FnOnce(&mut Self) -> wasmtime::Result<T>,
+    ) -> wasmtime::Result<T> {
+        let start = Instant::now();
+        let result = import(self);
+        self.charge_host(start.elapsed(), lifted)?;
+        result
+    }
 }
 
 impl Host for KeyCtx {
     fn self_key(&mut self) -> wasmtime::Result<String> {
-        Ok(self.env.key.to_string())
+        self.charged(0, |ctx| Ok(ctx.env.key.to_string()))
     }
 
     fn self_module(&mut self) -> wasmtime::Result<String> {
-        Ok(self.env.module.to_string())
+        self.charged(0, |ctx| Ok(ctx.env.module.to_string()))
     }
 
     fn ownership_token(&mut self) -> wasmtime::Result<u64> {
-        Ok(self.env.token.0)
+        self.charged(0, |ctx| Ok(ctx.env.token.0))
     }
 
     fn send_after(
+        &mut self,
+        delay_ms: u64,
+        tag: Vec<u8>,
+    ) -> wasmtime::Result<Result<u64, EffectError>> {
+        self.charged(tag.len(), |ctx| ctx.send_after_now(delay_ms, tag))
+    }
+
+    fn cancel_timer(&mut self, id: u64) -> wasmtime::Result<bool> {
+        self.charged(0, |ctx| {
+            Ok(match ctx.timers.remove(&id) {
+                Some(timer) => {
+                    timer.abort();
+                    true
+                }
+                None => false,
+            })
+        })
+    }
+
+    fn subscribe(&mut self, topic: String) -> wasmtime::Result<Result<(), EffectError>> {
+        self.charged(topic.len(), |ctx| ctx.subscribe_now(topic))
+    }
+
+    fn unsubscribe(&mut self, topic: String) -> wasmtime::Result<()> {
+        self.charged(topic.len(), |ctx| ctx.unsubscribe_now(&topic))
+    }
+
+    fn publish(
+        &mut self,
+        topic: String,
+        payload: Vec<u8>,
+    ) -> wasmtime::Result<Result<u32, EffectError>> {
+        self.charged(topic.len() + payload.len(), |ctx| {
+            ctx.publish_now(&topic, &payload)
+        })
+    }
+
+    async fn call(
+        &mut self,
+        module: String,
+        key: String,
+        message: Vec<u8>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
+        let start = Instant::now();
+        let lifted = module.len() + key.len() + message.len();
+        let node = self.gate()?;
+        let module = match guest_module(&self.env.module, &module) {
+            Ok(module) => module,
+            Err(e) => {
+                self.charge_host(start.elapsed(), lifted)?;
+                return Ok(Err(call_error(e)));
+            }
+        };
+        if module == *self.env.module && key == *self.env.key {
+            self.charge_host(start.elapsed(), lifted)?;
+            return Ok(Err(CallError::Deadlock));
+        }
+        self.charge_host(start.elapsed(), lifted)?;
+        let timeout = Duration::from_millis(u64::from(timeout_ms));
+        let result = node
+            .call_with_timeout(&module, &key, message, timeout)
+            .await;
+        let resumed = Instant::now();
+        // The world may have changed while this key waited.
+        self.gate()?;
+        let result = result.map_err(call_error);
+        self.charge_host(resumed.elapsed(), 0)?;
+        Ok(result)
+    }
+
+    fn cast(
+        &mut self,
+        module: String,
+        key: String,
+        message: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), EffectError>> {
+        let lifted = module.len() + key.len() + message.len();
+        self.charged(lifted, |ctx| ctx.cast_now(&module, &key, message))
+    }
+
+    async fn cache_get(
+        &mut self,
+        namespace: String,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<types::CacheEntry>, CacheError>> {
+        let start = Instant::now();
+        let lifted = namespace.len() + key.len();
+        let node = self.gate()?;
+        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
+            Ok(namespace) => namespace,
+            Err(e) => {
+                self.charge_host(start.elapsed(), lifted)?;
+                return Ok(Err(cache_error(e)));
+            }
+        };
+        let op = CacheOp::Get { namespace, key };
+        self.charge_host(start.elapsed(), lifted)?;
+        let outcome = node.cache_op(op).await;
+        let resumed = Instant::now();
+        self.gate()?;
+        let result = outcome
+            .and_then(|o| match o {
+                CacheOutcome::Found(entry) => Ok(entry.map(|e| types::CacheEntry {
+                    value: e.value,
+                    version: e.version,
+                })),
+                other => Err(unexpected_outcome(&other)),
+            })
+            .map_err(cache_error);
+        self.charge_host(resumed.elapsed(), 0)?;
+        Ok(result)
+    }
+
+    async fn cache_put(
+        &mut self,
+        namespace: String,
+        key: String,
+        value: Vec<u8>,
+        ttl_ms: Option<u64>,
+        expected_version: Option<u64>,
+    ) -> wasmtime::Result<Result<u64, CacheError>> {
+        let start = Instant::now();
+        let lifted = namespace.len() + key.len() + value.len();
+        let node = self.gate()?;
+        if let Err(e) = node.check_message(&value) {
+            self.charge_host(start.elapsed(), lifted)?;
+            return Ok(Err(cache_error(e)));
+        }
+        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
+            Ok(namespace) => namespace,
+            Err(e) => {
+                self.charge_host(start.elapsed(), lifted)?;
+                return Ok(Err(cache_error(e)));
+            }
+        };
+        let op = CacheOp::Put {
+            namespace,
+            key,
+            value,
+            ttl_ms: ttl_ms.map(|ms| ms.max(1)),
+            expect: expectation(expected_version),
+        };
+        self.charge_host(start.elapsed(), lifted)?;
+        let outcome = node.cache_op(op).await;
+        let resumed = Instant::now();
+        self.gate()?;
+        let result = outcome
+            .and_then(|o| match o {
+                CacheOutcome::Written { version } => Ok(version),
+                CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
+                other => Err(unexpected_outcome(&other)),
+            })
+            .map_err(cache_error);
+        self.charge_host(resumed.elapsed(), 0)?;
+        Ok(result)
+    }
+
+    async fn cache_delete(
+        &mut self,
+        namespace: String,
+        key: String,
+        expected_version: Option<u64>,
+    ) -> wasmtime::Result<Result<bool, CacheError>> {
+        let start = Instant::now();
+        let lifted = namespace.len() + key.len();
+        let node = self.gate()?;
+        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
+            Ok(namespace) => namespace,
+            Err(e) => {
+                self.charge_host(start.elapsed(), lifted)?;
+                return Ok(Err(cache_error(e)));
+            }
+        };
+        let op = CacheOp::Delete {
+            namespace,
+            key,
+            expect: expectation(expected_version),
+        };
+        self.charge_host(start.elapsed(), lifted)?;
+        let outcome = node.cache_op(op).await;
+        let resumed = Instant::now();
+        self.gate()?;
+        let result = outcome
+            .and_then(|o| match o {
+                CacheOutcome::Deleted(existed) => Ok(existed),
+                CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
+                other => Err(unexpected_outcome(&other)),
+            })
+            .map_err(cache_error);
+        self.charge_host(resumed.elapsed(), 0)?;
+        Ok(result)
+    }
+
+    /// A guest's log line: cut at `MAX_LOG_LINE` and held to the key's log
+    /// rate ([`crate::guest_log`]); the host time, the copy of the message
+    /// included, is the callback's.
+    fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
+        self.charged(message.len(), |ctx| {
+            ctx.gate()?;
+            ctx.log.log(level, &message);
+            // The message is freed here, inside the charged time.
+            drop(message);
+            Ok(())
+        })
+    }
+}
+
+/// The imports' work, run inside [`KeyCtx::charged`].
+impl KeyCtx {
+    fn send_after_now(
         &mut self,
         delay_ms: u64,
         tag: Vec<u8>,
@@ -68,17 +299,7 @@ impl Host for KeyCtx {
         Ok(Ok(arm_timer(self, Duration::from_millis(delay_ms), tag)))
     }
 
-    fn cancel_timer(&mut self, id: u64) -> wasmtime::Result<bool> {
-        Ok(match self.timers.remove(&id) {
-            Some(timer) => {
-                timer.abort();
-                true
-            }
-            None => false,
-        })
-    }
-
-    fn subscribe(&mut self, topic: String) -> wasmtime::Result<Result<(), EffectError>> {
+    fn subscribe_now(&mut self, topic: String) -> wasmtime::Result<Result<(), EffectError>> {
         let node = self.gate()?;
         if let Err(e) = Self::check_topic(&topic) {
             return Ok(Err(e));
@@ -104,8 +325,8 @@ impl Host for KeyCtx {
         Ok(Ok(()))
     }
 
-    fn unsubscribe(&mut self, topic: String) -> wasmtime::Result<()> {
-        let topic = guest_scoped(&self.env.module, &topic);
+    fn unsubscribe_now(&mut self, topic: &str) -> wasmtime::Result<()> {
+        let topic = guest_scoped(&self.env.module, topic);
         if self.subscriptions.remove(&topic)
             && let Some(node) = self.env.node.upgrade()
         {
@@ -115,16 +336,16 @@ impl Host for KeyCtx {
         Ok(())
     }
 
-    fn publish(
+    fn publish_now(
         &mut self,
-        topic: String,
-        payload: Vec<u8>,
+        topic: &str,
+        payload: &[u8],
     ) -> wasmtime::Result<Result<u32, EffectError>> {
         let node = self.gate()?;
-        if let Err(e) = Self::check_topic(&topic) {
+        if let Err(e) = Self::check_topic(topic) {
             return Ok(Err(e));
         }
-        let topic = guest_scoped(&self.env.module, &topic);
+        let topic = guest_scoped(&self.env.module, topic);
         let limit = node.config.max_message_size.as_u64() as usize;
         if payload.len() > limit {
             return Ok(Err(EffectError::Invalid(format!(
@@ -135,43 +356,19 @@ impl Host for KeyCtx {
         if let Err(why) = self.publishes.take(node.clock.now()) {
             return Ok(Err(EffectError::Limit(why)));
         }
-        Ok(Ok(node.pubsub.publish(&topic, &payload)))
+        Ok(Ok(node.pubsub.publish(&topic, payload)))
     }
 
-    async fn call(
+    fn cast_now(
         &mut self,
-        module: String,
-        key: String,
-        message: Vec<u8>,
-        timeout_ms: u32,
-    ) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
-        let node = self.gate()?;
-        let module = match guest_module(&self.env.module, &module) {
-            Ok(module) => module,
-            Err(e) => return Ok(Err(call_error(e))),
-        };
-        if module == *self.env.module && key == *self.env.key {
-            return Ok(Err(CallError::Deadlock));
-        }
-        let timeout = Duration::from_millis(u64::from(timeout_ms));
-        let result = node
-            .call_with_timeout(&module, &key, message, timeout)
-            .await;
-        // The world may have changed while this key waited.
-        self.gate()?;
-        Ok(result.map_err(call_error))
-    }
-
-    fn cast(
-        &mut self,
-        module: String,
-        key: String,
+        module: &str,
+        key: &str,
         message: Vec<u8>,
     ) -> wasmtime::Result<Result<(), EffectError>> {
         let node = self.gate()?;
-        let module = guest_module(&self.env.module, &module);
+        let module = guest_module(&self.env.module, module);
         Ok(module
-            .and_then(|module| node.cast(&module, &key, message))
+            .and_then(|module| node.cast(&module, key, message))
             .map_err(|e| match e {
                 Error::UnknownModule(m) => EffectError::UnknownModule(m),
                 Error::Overloaded { .. } | Error::TooManyKeys { .. } | Error::PoolFull { .. } => {
@@ -179,104 +376,6 @@ impl Host for KeyCtx {
                 }
                 other => EffectError::Invalid(other.to_string()),
             }))
-    }
-
-    async fn cache_get(
-        &mut self,
-        namespace: String,
-        key: String,
-    ) -> wasmtime::Result<Result<Option<types::CacheEntry>, CacheError>> {
-        let node = self.gate()?;
-        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
-            Ok(namespace) => namespace,
-            Err(e) => return Ok(Err(cache_error(e))),
-        };
-        let op = CacheOp::Get { namespace, key };
-        let outcome = node.cache_op(op).await;
-        self.gate()?;
-        Ok(outcome
-            .and_then(|o| match o {
-                CacheOutcome::Found(entry) => Ok(entry.map(|e| types::CacheEntry {
-                    value: e.value,
-                    version: e.version,
-                })),
-                other => Err(unexpected_outcome(&other)),
-            })
-            .map_err(cache_error))
-    }
-
-    async fn cache_put(
-        &mut self,
-        namespace: String,
-        key: String,
-        value: Vec<u8>,
-        ttl_ms: Option<u64>,
-        expected_version: Option<u64>,
-    ) -> wasmtime::Result<Result<u64, CacheError>> {
-        let node = self.gate()?;
-        if let Err(e) = node.check_message(&value) {
-            return Ok(Err(cache_error(e)));
-        }
-        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
-            Ok(namespace) => namespace,
-            Err(e) => return Ok(Err(cache_error(e))),
-        };
-        let op = CacheOp::Put {
-            namespace,
-            key,
-            value,
-            ttl_ms: ttl_ms.map(|ms| ms.max(1)),
-            expect: expectation(expected_version),
-        };
-        let outcome = node.cache_op(op).await;
-        self.gate()?;
-        Ok(outcome
-            .and_then(|o| match o {
-                CacheOutcome::Written { version } => Ok(version),
-                CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
-                other => Err(unexpected_outcome(&other)),
-            })
-            .map_err(cache_error))
-    }
-
-    async fn cache_delete(
-        &mut self,
-        namespace: String,
-        key: String,
-        expected_version: Option<u64>,
-    ) -> wasmtime::Result<Result<bool, CacheError>> {
-        let node = self.gate()?;
-        let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
-            Ok(namespace) => namespace,
-            Err(e) => return Ok(Err(cache_error(e))),
-        };
-        let op = CacheOp::Delete {
-            namespace,
-            key,
-            expect: expectation(expected_version),
-        };
-        let outcome = node.cache_op(op).await;
-        self.gate()?;
-        Ok(outcome
-            .and_then(|o| match o {
-                CacheOutcome::Deleted(existed) => Ok(existed),
-                CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
-                other => Err(unexpected_outcome(&other)),
-            })
-            .map_err(cache_error))
-    }
-
-    fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
-        self.gate()?;
-        let (module, key) = (&*self.env.module, &*self.env.key);
-        match level {
-            LogLevel::Trace => tracing::trace!(target: "fief::guest", module, key, "{message}"),
-            LogLevel::Debug => tracing::debug!(target: "fief::guest", module, key, "{message}"),
-            LogLevel::Info => tracing::info!(target: "fief::guest", module, key, "{message}"),
-            LogLevel::Warn => tracing::warn!(target: "fief::guest", module, key, "{message}"),
-            LogLevel::Error => tracing::error!(target: "fief::guest", module, key, "{message}"),
-        }
-        Ok(())
     }
 }
 

@@ -33,6 +33,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::error::{Error, Result};
+use crate::guest_log::{GuestLogger, LogLimits, MAX_GUEST_ERROR, bounded};
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
@@ -382,6 +383,12 @@ pub(crate) struct KeyCtx {
     pub(crate) env: Arc<KeyEnv>,
     cpu_ticks: u64,
     cpu_limit_ticks: u64,
+    /// One epoch tick, in nanoseconds (host time is charged in ticks).
+    tick_nanos: u64,
+    /// Host time charged but short of a whole tick, in nanoseconds.
+    host_nanos: u64,
+    /// The key's log: the `log` import, stdout and stderr.
+    pub(crate) log: Arc<GuestLogger>,
     /// Set when the epoch callback yielded: the first epoch check after the
     /// guest resumes calls back again (see the callback).
     resuming: bool,
@@ -437,7 +444,47 @@ impl KeyCtx {
         }
         Ok(node)
     }
+
+    /// Charge `spent`, host time of an import working for the guest, and
+    /// the copying of `lifted` bytes of arguments out of its memory (done
+    /// before the import runs, so estimated at [`LIFT_BYTES_PER_NANO`]) to
+    /// the callback's CPU budget; past `cpu_limit` the guest traps with the
+    /// CPU-limit death, as if its own code had run that long.
+    pub(crate) fn charge_host(&mut self, spent: Duration, lifted: usize) -> wasmtime::Result<()> {
+        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        if self.absorb_host_nanos(nanos.saturating_add(lifted as u64 / LIFT_BYTES_PER_NANO)) {
+            let death = self.cpu_limit_death();
+            self.death = Some(death.clone());
+            wasmtime::bail!(death);
+        }
+        Ok(())
+    }
+
+    /// Add `nanos` and the logger's host time to the callback's ticks;
+    /// whether it is now over its budget.
+    fn absorb_host_nanos(&mut self, nanos: u64) -> bool {
+        let nanos = nanos.saturating_add(self.log.take_host_nanos());
+        self.host_nanos = self.host_nanos.saturating_add(nanos);
+        self.cpu_ticks = self
+            .cpu_ticks
+            .saturating_add(self.host_nanos / self.tick_nanos);
+        self.host_nanos %= self.tick_nanos;
+        self.cpu_ticks > self.cpu_limit_ticks
+    }
+
+    fn cpu_limit_death(&self) -> String {
+        format!(
+            "CPU limit exceeded: the callback ran for more than {} epoch ticks (cpu_limit), its \
+             time in host imports included",
+            self.cpu_limit_ticks
+        )
+    }
 }
+
+/// Bytes of import arguments (strings, lists) the host is taken to copy out
+/// of a guest's memory per nanosecond (about 2 GB/s, a conservative figure
+/// for a copy and a UTF-8 check), charged to the callback as host time.
+const LIFT_BYTES_PER_NANO: u64 = 2;
 
 /// Why a key process ended abnormally.
 #[derive(Debug)]
@@ -458,7 +505,16 @@ impl KeyProcess {
         handoff: Option<Vec<u8>>,
     ) -> Result<Self> {
         let options = &module.options;
-        let wasi = crate::sandbox::wasi_ctx(&env, options)?;
+        let log = Arc::new(GuestLogger::new(
+            env.module.clone(),
+            env.key.clone(),
+            LogLimits {
+                lines_per_second: options.max_log_lines_per_second,
+                bytes_per_second: options.max_log_bytes_per_second.as_u64(),
+            },
+            node.metrics.guest_log_counters(&env.module),
+        ));
+        let wasi = crate::sandbox::wasi_ctx(options, &log)?;
         let memory_limit = options.memory_limit.as_u64() as usize;
         let limits = wasmtime::StoreLimitsBuilder::new()
             .memory_size(memory_limit)
@@ -476,6 +532,9 @@ impl KeyProcess {
             env: env.clone(),
             cpu_ticks: 0,
             cpu_limit_ticks,
+            tick_nanos: u64::try_from(tick).unwrap_or(u64::MAX),
+            host_nanos: 0,
+            log,
             resuming: false,
             death: None,
             timers: HashMap::new(),
@@ -501,19 +560,20 @@ impl KeyProcess {
                 ctx.env.control.kill("the node is fenced");
                 return Ok(UpdateDeadline::Interrupt);
             }
-            if ctx.resuming {
-                // The first check after a yield: the kill flag was read just
-                // above, after the guest resumed. Count from here.
-                ctx.resuming = false;
-                return Ok(UpdateDeadline::Continue(1));
+            // The first check after a yield: the kill flag was read just
+            // above, after the guest resumed; its ticks count from here.
+            let resumed = std::mem::take(&mut ctx.resuming);
+            if !resumed {
+                ctx.cpu_ticks += 1;
             }
-            ctx.cpu_ticks += 1;
-            if ctx.cpu_ticks > ctx.cpu_limit_ticks {
-                ctx.death = Some(format!(
-                    "CPU limit exceeded: the callback ran for more than {} epoch ticks (cpu_limit)",
-                    ctx.cpu_limit_ticks
-                ));
+            // Host time spent writing its stdout and stderr is the
+            // callback's too.
+            if ctx.absorb_host_nanos(0) {
+                ctx.death = Some(ctx.cpu_limit_death());
                 return Ok(UpdateDeadline::Interrupt);
+            }
+            if resumed {
+                return Ok(UpdateDeadline::Continue(1));
             }
             // Let other keys run on this worker thread. The deadline after
             // the yield is the epoch at resumption (delta 0), so the guest's
@@ -550,7 +610,9 @@ impl KeyProcess {
             .await;
         match init {
             Ok(Ok(())) => Ok(process),
-            Ok(Err(refusal)) => Err(Error::InitRefused(refusal)),
+            // Guest text is cut where it enters the host: the refusal goes
+            // to the caller, the log and peers.
+            Ok(Err(refusal)) => Err(Error::InitRefused(bounded(refusal, MAX_GUEST_ERROR))),
             Err(e) => Err(Error::KeyDied(process.death(&e).0)),
         }
     }
@@ -558,6 +620,8 @@ impl KeyProcess {
     fn begin_callback(&mut self) {
         let ctx = self.store.data_mut();
         ctx.cpu_ticks = 0;
+        ctx.host_nanos = 0;
+        ctx.log.take_host_nanos();
         ctx.resuming = false;
         self.store.set_epoch_deadline(1);
     }
@@ -573,7 +637,10 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_call(&mut self.store, message)
             .await;
-        r.map_err(|e| self.death(&e))
+        // The guest's error is cut where it enters the host: it travels to
+        // the caller (and on to HTTP, logs and peers) like a reply.
+        r.map(|result| result.map_err(|why| bounded(why, MAX_GUEST_ERROR)))
+            .map_err(|e| self.death(&e))
     }
 
     async fn handle_cast(&mut self, message: &[u8]) -> Result<(), Death> {
@@ -611,7 +678,11 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_fence(&mut self.store, deadline_ms)
             .await;
-        r.map_err(|e| self.death(&e))
+        r.map(|decision| match decision {
+            FenceDecision::Stop(reason) => FenceDecision::Stop(bounded(reason, MAX_GUEST_ERROR)),
+            other => other,
+        })
+        .map_err(|e| self.death(&e))
     }
 
     async fn handoff(&mut self) -> Result<Option<Vec<u8>>, Death> {
@@ -639,8 +710,13 @@ impl KeyProcess {
     }
 }
 
-/// Say why a guest invocation failed, most specific cause first.
+/// Say why a guest invocation failed, most specific cause first, in at
+/// most [`MAX_GUEST_ERROR`] bytes (a trap's text may carry the guest's).
 fn describe_failure(store: &mut Store<KeyCtx>, error: &wasmtime::Error) -> String {
+    bounded(describe_failure_in_full(store, error), MAX_GUEST_ERROR)
+}
+
+fn describe_failure_in_full(store: &mut Store<KeyCtx>, error: &wasmtime::Error) -> String {
     let ctx = store.data_mut();
     if let Some(reason) = ctx.env.control.reason() {
         return format!("killed: {reason}");

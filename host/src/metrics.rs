@@ -76,6 +76,8 @@ pub(crate) struct Metrics {
     compile_seconds: Family<Labels1, Histogram>,
     cache: Family<Labels1, Counter>,
     handoff_states: Family<Labels1, Counter>,
+    guest_log_dropped: Family<Labels1, Counter>,
+    guest_log_truncated: Family<Labels1, Counter>,
     gauges: Gauges,
     /// Calls served on this node per module (local and for peers), for the
     /// dashboard's call rates.
@@ -126,6 +128,8 @@ impl Metrics {
             Family::<Labels1, Histogram>::new_with_constructor(compile_histogram as fn() -> _);
         let cache = Family::<Labels1, Counter>::default();
         let handoff_states = Family::<Labels1, Counter>::default();
+        let guest_log_dropped = Family::<Labels1, Counter>::default();
+        let guest_log_truncated = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
@@ -168,6 +172,16 @@ impl Metrics {
             "handoff_states",
             "Handoff states on this node, by event: sent (to a new owner), received, delivered (to the key's next process), kept (a move failed; they stay for the next one), and the losses: dropped_stale (sent for a transfer that did not commit, or an ownership that ended), dropped_fence (waiting when the node fenced), too_large (over the module's max_handoff_size), key_died (handoff trapped)",
             handoff_states.clone(),
+        );
+        r.register(
+            "guest_log_lines_dropped",
+            "Guest log lines (log import, stdout, stderr) dropped by a key's log rate limit (max_log_lines_per_second, max_log_bytes_per_second), by module",
+            guest_log_dropped.clone(),
+        );
+        r.register(
+            "guest_log_lines_truncated",
+            "Guest log lines cut at the line cap (8 KiB), by module",
+            guest_log_truncated.clone(),
         );
         r.register(
             "lease_remaining_seconds",
@@ -247,6 +261,8 @@ impl Metrics {
             compile_seconds,
             cache,
             handoff_states,
+            guest_log_dropped,
+            guest_log_truncated,
             gauges,
             served: Mutex::new(std::collections::BTreeMap::new()),
         }
@@ -302,6 +318,16 @@ impl Metrics {
                 .get_or_create(&[("event", event.to_owned())])
                 .inc_by(n as u64);
         }
+    }
+
+    /// The counters of `module`'s guest log lines dropped and truncated, for
+    /// a key's logger to move without a label lookup per line.
+    pub(crate) fn guest_log_counters(&self, module: &str) -> (Counter, Counter) {
+        let labels = [("module", module.to_owned())];
+        (
+            self.guest_log_dropped.get_or_create(&labels).clone(),
+            self.guest_log_truncated.get_or_create(&labels).clone(),
+        )
     }
 
     /// A module version was made runnable in `elapsed`.

@@ -4,9 +4,10 @@
 //! **Capabilities: none by default.** A key's WASI context has no
 //! environment, no arguments, no stdin, no filesystem and no network:
 //! TCP, UDP and name lookup are refused and every socket address check says
-//! no. Stdout and stderr go to the node's log ([`crate::guest_log`]); wall
-//! and monotonic clocks and random numbers are allowed. The one capability a
-//! module's options may grant is one host directory, preopened read-only or
+//! no. Stdout and stderr go to the node's log ([`crate::guest_log`]), cut
+//! and rate-limited like the `log` import; wall and monotonic clocks and
+//! random numbers are allowed. The one capability a module's options may
+//! grant is one host directory, preopened read-only or
 //! read-write at [`GUEST_DIR`] ([`DirGrant`], the `dir` option). Naming host
 //! paths is an operator's decision: a deploy without tenant caps (the admin)
 //! may name any directory; a tenant's deploy only a directory under one its
@@ -22,6 +23,7 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fief_core::Instant;
@@ -30,8 +32,7 @@ use wasmtime_wasi::{FsPerms, ResourceTable, WasiCtx};
 
 use crate::config::{ByteSize, ModuleOptions};
 use crate::error::{Error, Result};
-use crate::guest_log::{GuestLog, Stream};
-use crate::key::KeyEnv;
+use crate::guest_log::{GuestLog, GuestLogger, LOG_BURST_SECONDS, MAX_LOG_LINE, Stream};
 
 /// Where a module's granted directory appears inside its keys.
 pub const GUEST_DIR: &str = "/data";
@@ -153,6 +154,10 @@ pub struct TenantLimits {
     pub max_handoff_size: Option<ByteSize>,
     /// Cap on `max_publishes_per_second`.
     pub max_publishes_per_second: Option<u32>,
+    /// Cap on `max_log_lines_per_second`.
+    pub max_log_lines_per_second: Option<u32>,
+    /// Cap on `max_log_bytes_per_second`.
+    pub max_log_bytes_per_second: Option<ByteSize>,
     /// Host directories the tenant's modules may be granted (`dir`), each
     /// with the most permission allowed beneath it. Empty: none.
     pub allowed_dirs: Vec<DirGrant>,
@@ -186,6 +191,13 @@ impl TenantLimits {
             &mut o.max_publishes_per_second,
             self.max_publishes_per_second,
         );
+        low(
+            &mut o.max_log_lines_per_second,
+            self.max_log_lines_per_second,
+        );
+        if let Some(cap) = self.max_log_bytes_per_second {
+            o.max_log_bytes_per_second = o.max_log_bytes_per_second.min(cap);
+        }
         o.max_message_size = min_size(o.max_message_size, self.max_message_size);
         o.max_reply_size = min_size(o.max_reply_size, self.max_reply_size);
         o.max_handoff_size = min_size(o.max_handoff_size, self.max_handoff_size);
@@ -246,6 +258,16 @@ impl TenantLimits {
             "max_publishes_per_second",
             o.max_publishes_per_second,
             self.max_publishes_per_second,
+        )?;
+        over(
+            "max_log_lines_per_second",
+            o.max_log_lines_per_second,
+            self.max_log_lines_per_second,
+        )?;
+        over(
+            "max_log_bytes_per_second",
+            o.max_log_bytes_per_second,
+            self.max_log_bytes_per_second,
         )?;
         for (name, value, cap) in [
             (
@@ -341,6 +363,20 @@ impl ModuleOptions {
                 self.max_publishes_per_second.to_string(),
             ),
             (
+                "max_log_lines_per_second",
+                format!(
+                    "{} (burst {LOG_BURST_SECONDS} s; over it lines are dropped and counted)",
+                    self.max_log_lines_per_second
+                ),
+            ),
+            (
+                "max_log_bytes_per_second",
+                format!(
+                    "{} (burst {LOG_BURST_SECONDS} s; one line at most {MAX_LOG_LINE} bytes)",
+                    self.max_log_bytes_per_second
+                ),
+            ),
+            (
                 "filesystem",
                 match &self.dir {
                     None => "none".to_owned(),
@@ -357,7 +393,10 @@ impl ModuleOptions {
             ),
             ("network", "none (no TCP, UDP or name lookup)".to_owned()),
             ("clocks, random", "allowed".to_owned()),
-            ("stdout, stderr", "the node's log".to_owned()),
+            (
+                "stdout, stderr",
+                "the node's log (with the log import's limits)".to_owned(),
+            ),
         ]
     }
 }
@@ -369,19 +408,11 @@ impl ModuleOptions {
 ///
 /// [`Error::KeyDied`] when the module's directory cannot be opened (it was
 /// removed after the deploy).
-pub(crate) fn wasi_ctx(env: &KeyEnv, options: &ModuleOptions) -> Result<WasiCtx> {
+pub(crate) fn wasi_ctx(options: &ModuleOptions, log: &Arc<GuestLogger>) -> Result<WasiCtx> {
     let mut builder = WasiCtx::builder();
     builder
-        .stdout(GuestLog::new(
-            env.module.clone(),
-            env.key.clone(),
-            Stream::Stdout,
-        ))
-        .stderr(GuestLog::new(
-            env.module.clone(),
-            env.key.clone(),
-            Stream::Stderr,
-        ))
+        .stdout(GuestLog::new(log.clone(), Stream::Stdout))
+        .stderr(GuestLog::new(log.clone(), Stream::Stderr))
         // wasmtime-wasi 48 denies these by default; say so here so that a
         // change of default cannot grant them.
         .allow_tcp(false)
@@ -498,6 +529,8 @@ mod tests {
         assert!(get("network").starts_with("none"));
         assert_eq!(get("clocks, random"), "allowed");
         assert_eq!(get("max_publishes_per_second"), "1000");
+        assert!(get("max_log_lines_per_second").starts_with("100 (burst 10 s"));
+        assert!(get("max_log_bytes_per_second").contains("8192 bytes"));
         assert!(get("cpu_limit").contains("epoch budget"));
         assert_eq!(get("max_reply_size"), "the node's max_message_size");
         let granted = ModuleOptions {
@@ -548,6 +581,19 @@ mod tests {
             .to_string();
         assert!(err.contains("max_publishes_per_second (11)"), "{err}");
         // The tenant's defaults fit its caps, and options within them pass.
+        let log_caps = TenantLimits {
+            max_log_lines_per_second: Some(10),
+            max_log_bytes_per_second: Some(ByteSize::kib(10)),
+            ..TenantLimits::default()
+        };
+        let o = log_caps.options_from_pairs([]).unwrap();
+        assert_eq!(o.max_log_lines_per_second, 10);
+        assert_eq!(o.max_log_bytes_per_second, ByteSize::kib(10));
+        let err = log_caps
+            .options_from_pairs([("max_log_bytes_per_second", "1MiB")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_log_bytes_per_second"), "{err}");
         let o = caps.options_from_pairs([]).unwrap();
         assert_eq!(o.memory_limit, ByteSize::mib(32));
         assert_eq!(o.cpu_limit, Duration::from_millis(50));

@@ -19,11 +19,11 @@ use fief_tests::{call_text, eventually, eventually_async, guests, is_live, test_
 use crate::fence_modes::{Lives, PATIENCE, in_limbo, local_ok, observed_node, steady_config};
 
 /// CPU budget of a hostile callback: short, so a looping attack ends soon.
-const CPU_LIMIT: Duration = Duration::from_millis(200);
+pub(crate) const CPU_LIMIT: Duration = Duration::from_millis(200);
 
 /// The hostile module's options: 16 MiB of memory, 10 timers, 50
 /// publications per second, 200 ms of CPU per callback.
-fn hostile_options() -> ModuleOptions {
+pub(crate) fn hostile_options() -> ModuleOptions {
     ModuleOptions {
         memory_limit: ByteSize::mib(16),
         cpu_limit: CPU_LIMIT,
@@ -34,7 +34,7 @@ fn hostile_options() -> ModuleOptions {
 }
 
 /// A node with `hostile` (with `options`) and a well-behaved `probe`.
-async fn node(options: ModuleOptions) -> Arc<Instance> {
+pub(crate) async fn node(options: ModuleOptions) -> Arc<Instance> {
     let node = fief_tests::node_with_options(
         test_config(),
         &[
@@ -47,20 +47,20 @@ async fn node(options: ModuleOptions) -> Arc<Instance> {
 }
 
 /// Shut the node down once the attack tasks have let go of it.
-async fn stop(node: Arc<Instance>) {
+pub(crate) async fn stop(node: Arc<Instance>) {
     if let Ok(node) = Arc::try_unwrap(node) {
         node.shutdown().await;
     }
 }
 
 /// The other tenant's key answers.
-async fn bystander_served(node: &Instance) {
+pub(crate) async fn bystander_served(node: &Instance) {
     assert_eq!(call_text(node, "probe", "bystander", "ping").await, "pong");
 }
 
 /// Run `attack` in a task; while it runs, and after it, the bystander is
 /// served. Returns the attack's result.
-async fn during<T: Send + 'static>(
+pub(crate) async fn during<T: Send + 'static>(
     node: &Arc<Instance>,
     attack: impl Future<Output = T> + Send + 'static,
 ) -> T {

@@ -16,6 +16,7 @@ mod fence_modes;
 mod handoff;
 mod host_imports;
 mod hostile;
+mod hostile_logs;
 mod http_cli;
 mod kill;
 mod languages;

@@ -24,11 +24,19 @@
 //! | `tcp <ip:port>`          | asks WASI for a TCP socket and connects; replies `connected` or `error: <code>` |
 //! | `udp`                    | asks WASI for a UDP socket; replies `created` or `error: <code>` |
 //! | `lookup <name>`          | asks WASI to resolve a name; replies `resolved` or `error: <code>` |
+//! | `log <n> [times]`        | logs one line of `n` bytes of `l` at info level, `times` times (default 1, the same string each time); replies `ok` |
+//! | `log-lines <count>`      | logs `count` short lines at info level; replies `ok`         |
+//! | `print <n> [times]`      | writes `n` bytes of `p` to stdout with no newline, `times` times, then one newline; replies `ok` |
+//! | `print-lines <count>`    | writes `count` short lines to stdout; replies `ok`           |
+//! | `error <n>`              | fails `handle-call` with an error of `n` bytes of `e`        |
 //!
 //! Casts: `loop` loops forever in `handle-cast`. Keys named `loop-init...`
-//! loop forever in `init`, keys named `loop-terminate...` in `terminate`.
-//! `handle-fence` always loops forever (only called when the module is
-//! deployed with `on_fence = callback`).
+//! loop forever in `init`, keys named `loop-terminate...` in `terminate`;
+//! keys named `refuse-init-<n>...` refuse `init` with `n` bytes of `r`.
+//! `handle-fence` loops forever (only called when the module is deployed
+//! with `on_fence = callback`), except for keys named `fence-stop-<n>...`,
+//! which stop with a reason of `n` bytes of `s`; `terminate` then logs
+//! `terminate: fenced, <len> bytes` with the length of the reason it got.
 
 use core::hint::black_box;
 use core::time::Duration;
@@ -151,10 +159,31 @@ fn reply_or_error<T, E: core::fmt::Display>(
     }
 }
 
+/// The number after `prefix` in `key` (up to the next `-`), if `key`
+/// starts with it.
+fn size_in(key: &str, prefix: &str) -> Option<usize> {
+    let rest = key.strip_prefix(prefix)?;
+    rest.split('-').next()?.parse().ok()
+}
+
+/// `n` and `times` from `"<n> [times]"`.
+fn size_and_times(args: &str) -> Result<(usize, usize), String> {
+    let mut parts = args.split(' ');
+    let n = parts.next().and_then(|n| n.parse().ok());
+    let times = parts.next().map_or(Some(1), |t| t.parse().ok());
+    match (n, times) {
+        (Some(n), Some(times)) => Ok((n, times)),
+        _ => Err(format!("hostile: expected <n> [times], got {args:?}")),
+    }
+}
+
 impl Key for Hostile {
     fn init(key: &str, _handoff: Option<Vec<u8>>) -> Result<Self, String> {
         if key.starts_with("loop-init") {
             spin_forever();
+        }
+        if let Some(n) = size_in(key, "refuse-init-") {
+            return Err("r".repeat(n));
         }
         Ok(Hostile {
             hoard: Vec::new(),
@@ -219,6 +248,45 @@ impl Key for Hostile {
             "tcp" => Self::tcp(args).into_bytes(),
             "udp" => Self::udp().into_bytes(),
             "lookup" => Self::lookup(args).into_bytes(),
+            "log" => {
+                let (n, times) = size_and_times(args)?;
+                let line = "l".repeat(n);
+                for _ in 0..times {
+                    host::log::info(black_box(&line));
+                }
+                b"ok".to_vec()
+            }
+            "log-lines" => {
+                let count: usize = args.parse().map_err(|_| format!("hostile: {args:?}"))?;
+                for i in 0..count {
+                    host::log::info(&format!("hostile line {i}"));
+                }
+                b"ok".to_vec()
+            }
+            "print" => {
+                use std::io::Write;
+                let (n, times) = size_and_times(args)?;
+                let bytes = vec![b'p'; n];
+                let mut out = std::io::stdout().lock();
+                for _ in 0..times {
+                    out.write_all(black_box(&bytes))
+                        .map_err(|e| e.to_string())?;
+                }
+                out.write_all(b"\n").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                b"ok".to_vec()
+            }
+            "print-lines" => {
+                let count: usize = args.parse().map_err(|_| format!("hostile: {args:?}"))?;
+                for i in 0..count {
+                    println!("hostile stdout line {i}");
+                }
+                b"ok".to_vec()
+            }
+            "error" => {
+                let n: usize = args.parse().map_err(|_| format!("hostile: {args:?}"))?;
+                return Err("e".repeat(n));
+            }
             _ => {
                 return Err(format!(
                     "hostile: unknown message {text:?}; see the crate's documentation"
@@ -242,12 +310,18 @@ impl Key for Hostile {
     }
 
     fn handle_fence(&mut self, _deadline_ms: u32) -> FenceDecision {
+        if let Some(n) = size_in(&self.key, "fence-stop-") {
+            return FenceDecision::Stop("s".repeat(n));
+        }
         spin_forever()
     }
 
-    fn terminate(&mut self, _reason: StopReason) {
+    fn terminate(&mut self, reason: StopReason) {
         if self.key.starts_with("loop-terminate") {
             spin_forever();
+        }
+        if let StopReason::Fenced(why) = reason {
+            host::log::info(&format!("terminate: fenced, {} bytes", why.len()));
         }
     }
 }

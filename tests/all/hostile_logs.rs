@@ -1,0 +1,399 @@
+//! Hostile guests against the node's log and its error paths (issue
+//! "Hostile tenants cannot hurt the node or each other", findings 6 and 7).
+//!
+//! The `hostile` guest logs a 40 MB line, floods the log with lines, writes
+//! 40 MB to stdout without a newline, logs one 60 MB string again and again
+//! (the host's work, not the guest's), and hands the host 30 MB errors from
+//! `handle-call`, `init` and `handle-fence`. Each test captures what the
+//! node logs (a `tracing` subscriber on every thread of the test's own
+//! runtime) and checks that it stays within a bound, that the attack is cut,
+//! rate-limited or killed at its CPU limit, and that another module's key
+//! answers during the attack and after it. No test asserts a speed.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fief::config::ByteSize;
+use fief::core::OnFence;
+use fief::{Error, ModuleOptions};
+use fief_tests::{HttpServer, eventually, guests, is_live};
+
+use crate::fence_modes::{Lives, PATIENCE, observed_node, steady_config};
+use crate::hostile::{during, hostile_options, node, stop};
+
+/// The most one attack may add to the node's log here: a cut line (8 KiB
+/// and its mark) and the node's own few lines, with room to spare.
+const LOG_BOUND: usize = 64 * 1024;
+
+/// Bytes of one truncation mark and a number, at most.
+const MARK: usize = 64;
+
+/// What the test's runtime logged (INFO and above), as `fmt` lines.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// The log from byte `from` on.
+    fn since(&self, from: usize) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()[from..]).into_owned()
+    }
+}
+
+/// The process's global subscriber while these tests run: it logs nothing
+/// and decides nothing ahead. `tracing` caches each call site's interest,
+/// and a call site first reached while no test's subscriber exists (or
+/// while one is being made) would otherwise be cached as "never" and stay
+/// silent for every later capture, so a test would miss lines (it did).
+/// With this one every call site asks the thread's subscriber each time.
+struct Undecided;
+
+impl tracing::Subscriber for Undecided {
+    fn register_callsite(&self, _: &tracing::Metadata<'_>) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Run `test` on a two-worker runtime whose every thread (and this one)
+/// logs into the capture it is given.
+fn run_captured<F: Future<Output = ()>>(test: impl FnOnce(Captured) -> F) {
+    static UNDECIDED: std::sync::Once = std::sync::Once::new();
+    UNDECIDED.call_once(|| {
+        // Another global subscriber would do as well, if one was set.
+        let _ = tracing::subscriber::set_global_default(Undecided);
+        tracing::callsite::rebuild_interest_cache();
+    });
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let for_threads = dispatch.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || {
+            // For the thread's whole life.
+            std::mem::forget(tracing::dispatcher::set_default(&for_threads));
+        })
+        .build()
+        .expect("a runtime");
+    let _guard = tracing::dispatcher::set_default(&dispatch);
+    // A call site whose registration began before `Undecided` was set and
+    // ended after: asked again now.
+    tracing::callsite::rebuild_interest_cache();
+    runtime.block_on(test(captured));
+}
+
+/// The hostile module's options for these tests: room for its 30–60 MB
+/// strings (128 MiB of memory) and the test's own log rate.
+fn options(cpu_limit: Duration, lines_per_second: u32) -> ModuleOptions {
+    ModuleOptions {
+        memory_limit: ByteSize::mib(128),
+        cpu_limit,
+        max_log_lines_per_second: lines_per_second,
+        ..hostile_options()
+    }
+}
+
+/// Lines of `log` that contain `text`.
+fn count(log: &str, text: &str) -> usize {
+    log.lines().filter(|l| l.contains(text)).count()
+}
+
+/// The sum of the "N log lines (… bytes) of this key were dropped" notes.
+fn noted_drops(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("were dropped: over its log rate limit"))
+        .map(|l| {
+            let (_, rest) = l.split_once("fief::guest: ").expect("a guest line");
+            let (n, _) = rest.split_once(' ').expect("a count");
+            n.parse::<u64>().expect("a number")
+        })
+        .sum()
+}
+
+/// The value of `series` in the node's metrics text.
+async fn metric(node: &fief::Instance, series: &str) -> u64 {
+    let text = node.metrics_text().await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+fn text(reply: fief::Result<Vec<u8>>) -> String {
+    String::from_utf8(reply.expect("a reply")).expect("UTF-8")
+}
+
+async fn attack(node: &Arc<fief::Instance>, key: &str, message: &str) -> fief::Result<Vec<u8>> {
+    let (n, key, message) = (node.clone(), key.to_owned(), message.as_bytes().to_vec());
+    during(node, async move { n.call("hostile", &key, message).await }).await
+}
+
+#[test]
+fn a_huge_log_line_is_cut_to_the_line_cap_and_marked() {
+    run_captured(|log| async move {
+        let node = node(options(Duration::from_secs(5), 100)).await;
+        let before = log.len();
+        assert_eq!(text(attack(&node, "h", "log 40000000").await), "ok");
+        let grown = log.since(before);
+        assert!(
+            grown.len() < LOG_BOUND,
+            "the log grew {} bytes",
+            grown.len()
+        );
+        let line = grown
+            .lines()
+            .find(|l| l.contains("[truncated: 40000000 bytes]"))
+            .unwrap_or_else(|| panic!("no marked line in {grown:.2000}"));
+        assert!(line.contains("key=\"h\""), "{line:.200}");
+        assert!(line.len() < 8192 + 256, "{} bytes", line.len());
+        assert_eq!(
+            metric(
+                &node,
+                "fief_guest_log_lines_truncated_total{module=\"hostile\"}"
+            )
+            .await,
+            1
+        );
+        stop(node).await;
+    });
+}
+
+#[test]
+fn a_flood_of_log_lines_is_rate_limited_and_the_drops_counted() {
+    run_captured(|log| async move {
+        // 10 lines per second: a burst of 100.
+        let node = node(options(Duration::from_secs(30), 10)).await;
+        let before = log.len();
+        let started = Instant::now();
+        assert_eq!(text(attack(&node, "h", "log-lines 20000").await), "ok");
+        let elapsed = started.elapsed().as_secs();
+        // Its end notes the drops not noted yet.
+        assert!(node.kill_key("hostile", "h"));
+        eventually(PATIENCE, "the key ended", || {
+            !is_live(&node, "hostile", "h")
+        })
+        .await;
+        let grown = log.since(before);
+        let logged = count(&grown, "hostile line ") as u64;
+        let bound = 100 + 10 * (elapsed + 1);
+        assert!(
+            logged <= bound,
+            "{logged} lines logged in {elapsed} s, over the burst and the rate ({bound})"
+        );
+        assert!(logged >= 100, "the burst passed: {logged}");
+        let dropped = metric(
+            &node,
+            "fief_guest_log_lines_dropped_total{module=\"hostile\"}",
+        )
+        .await;
+        assert_eq!(logged + dropped, 20_000, "every line logged or counted");
+        assert_eq!(
+            noted_drops(&grown),
+            dropped,
+            "the notes add up:\n{grown:.3000}"
+        );
+        assert!(
+            grown.len() < 20 * LOG_BOUND,
+            "the log grew {} bytes",
+            grown.len()
+        );
+        stop(node).await;
+    });
+}
+
+#[test]
+fn a_huge_stdout_line_is_cut_and_a_stdout_flood_rate_limited() {
+    run_captured(|log| async move {
+        let node = node(options(Duration::from_secs(30), 10)).await;
+        let before = log.len();
+        // 40 MB in 10 000 writes without a newline, then one.
+        assert_eq!(text(attack(&node, "h", "print 4096 10000").await), "ok");
+        let grown = log.since(before);
+        assert!(
+            grown.len() < LOG_BOUND,
+            "the log grew {} bytes",
+            grown.len()
+        );
+        let line = grown
+            .lines()
+            .find(|l| l.contains("[truncated: 40960000 bytes]"))
+            .unwrap_or_else(|| panic!("no marked line in {grown:.2000}"));
+        assert!(line.contains("stream=\"stdout\""), "{line:.200}");
+        let started = Instant::now();
+        assert_eq!(text(attack(&node, "h", "print-lines 20000").await), "ok");
+        let elapsed = started.elapsed().as_secs();
+        let logged = count(&log.since(before), "hostile stdout line ") as u64;
+        // The burst less the line above, and the rate.
+        assert!(
+            logged <= 100 + 10 * (elapsed + 1),
+            "{logged} lines in {elapsed} s"
+        );
+        assert!(
+            metric(
+                &node,
+                "fief_guest_log_lines_dropped_total{module=\"hostile\"}"
+            )
+            .await
+                > 0
+        );
+        stop(node).await;
+    });
+}
+
+/// The host's work for a guest is the guest's: logging one 60 MB string a
+/// hundred times costs the guest almost nothing (the string is made once),
+/// but copying it out of its memory and cutting it costs the host, and that
+/// time kills it at its 200 ms CPU limit (before: the hundred calls ran to
+/// the end, seconds of host time).
+#[test]
+fn host_time_in_the_log_import_counts_against_the_cpu_limit() {
+    run_captured(|log| async move {
+        let node = node(options(Duration::from_millis(200), 100)).await;
+        let before = log.len();
+        let why = match attack(&node, "h", "log 60000000 100").await {
+            Err(Error::KeyDied(why)) => why,
+            other => panic!(
+                "expected the CPU limit, got {:?}",
+                other.map(String::from_utf8)
+            ),
+        };
+        assert!(why.contains("CPU limit exceeded"), "{why}");
+        assert!(why.contains("host imports"), "{why}");
+        let logged = count(&log.since(before), "[truncated: 60000000 bytes]");
+        assert!(logged < 100, "killed before the hundredth call: {logged}");
+        // The key's next message starts a fresh process.
+        assert_eq!(
+            text(node.call("hostile", "h", b"ping".to_vec()).await),
+            "pong"
+        );
+        stop(node).await;
+    });
+}
+
+#[test]
+fn a_huge_error_from_handle_call_comes_back_bounded() {
+    run_captured(|log| async move {
+        let node = node(options(Duration::from_secs(5), 100)).await;
+        let before = log.len();
+        let why = match attack(&node, "h", "error 30000000").await {
+            Err(Error::Rejected(why)) => why,
+            other => panic!(
+                "expected a rejection, got {:?}",
+                other.map(String::from_utf8)
+            ),
+        };
+        assert!(why.len() <= 4096 + MARK, "{} bytes", why.len());
+        assert!(why.starts_with("eeee"), "{why:.20}");
+        assert!(why.ends_with("… [truncated: 30000000 bytes]"), "{why:.20}");
+        // Over HTTP: the body is as bounded.
+        let api = HttpServer::start(node.clone()).await;
+        let response = reqwest::Client::new()
+            .post(api.url("/v1/keys/hostile/h/call"))
+            .body("error 30000000")
+            .send()
+            .await
+            .expect("the API answers");
+        assert!(response.status().is_client_error(), "{}", response.status());
+        let body = response.text().await.expect("a body");
+        assert!(body.len() < 8192, "a body of {} bytes", body.len());
+        assert!(body.contains("[truncated: 30000000 bytes]"), "{body:.300}");
+        assert!(log.since(before).len() < LOG_BOUND);
+        drop(api);
+        stop(node).await;
+    });
+}
+
+#[test]
+fn a_huge_init_refusal_is_bounded_in_the_reply_and_the_log() {
+    run_captured(|log| async move {
+        let node = node(options(Duration::from_secs(5), 100)).await;
+        let before = log.len();
+        for _ in 0..2 {
+            // Each activation refuses again.
+            let why = match attack(&node, "refuse-init-30000000", "ping").await {
+                Err(Error::InitRefused(why)) => why,
+                other => panic!("expected a refusal, got {:?}", other.map(String::from_utf8)),
+            };
+            assert!(why.len() <= 4096 + MARK, "{} bytes", why.len());
+            assert!(why.ends_with("… [truncated: 30000000 bytes]"), "{why:.20}");
+        }
+        let grown = log.since(before);
+        assert_eq!(count(&grown, "key failed to start"), 2, "{grown:.2000}");
+        assert!(
+            grown.len() < LOG_BOUND,
+            "the log grew {} bytes",
+            grown.len()
+        );
+        stop(node).await;
+    });
+}
+
+/// `handle-fence`'s stop reason is cut where it enters the host, before it
+/// goes anywhere (here: back to the key's `terminate`, which logs its length).
+#[test]
+fn a_huge_fence_stop_reason_is_cut_where_it_enters_the_host() {
+    run_captured(|log| async move {
+        let lives = Lives::default();
+        let node = observed_node(
+            steady_config(),
+            &lives,
+            &[(
+                "hostile",
+                guests::HOSTILE,
+                ModuleOptions {
+                    on_fence: OnFence::Callback,
+                    ..options(Duration::from_secs(5), 100)
+                },
+            )],
+        )
+        .await;
+        let key = "fence-stop-30000000";
+        assert_eq!(
+            text(node.call("hostile", key, b"ping".to_vec()).await),
+            "pong"
+        );
+        node.fence_now();
+        eventually(PATIENCE, "the key stopped", || lives.ended("hostile", key)).await;
+        let logged = log.since(0);
+        let line = logged
+            .lines()
+            .find(|l| l.contains("terminate: fenced, "))
+            .unwrap_or_else(|| panic!("terminate logged nothing:\n{logged:.3000}"));
+        let (_, rest) = line.split_once("terminate: fenced, ").unwrap();
+        let bytes: usize = rest.split(' ').next().unwrap().parse().unwrap();
+        assert!(
+            bytes <= 4096 + MARK,
+            "terminate got a reason of {bytes} bytes"
+        );
+    });
+}
