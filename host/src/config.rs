@@ -92,6 +92,22 @@ pub struct NodeConfig {
     /// TLS for peer links (certificate, key, and the CA that signed every
     /// node's certificate); `None`: plain TCP. See [`crate::tls::PeerTls`].
     pub peer_tls: Option<crate::tls::PeerTls>,
+    /// How long an API client has to send a request's head (request line
+    /// and headers): on a new connection from when it is accepted (the TLS
+    /// handshake included), on a kept-alive one from the head's first byte.
+    /// Past it the connection is closed ([`crate::http_limits`]).
+    #[serde(with = "humantime_serde")]
+    pub http_header_read_timeout: Duration,
+    /// How long a kept-alive API connection may wait for its next request
+    /// before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub http_idle_timeout: Duration,
+    /// Most API connections open at once; `None`: the lowest of 4096, three
+    /// quarters of the open-file limit, and the limit less the descriptors
+    /// the node keeps for everything else. At the cap the connection idle
+    /// the longest is closed to admit a new one; with every connection busy
+    /// the new one is answered `503` ([`crate::http_limits`]).
+    pub http_max_connections: Option<u32>,
 }
 
 impl Default for NodeConfig {
@@ -118,6 +134,9 @@ impl Default for NodeConfig {
             cache_max_bytes: ByteSize::mib(64),
             cluster_secret_file: None,
             peer_tls: None,
+            http_header_read_timeout: crate::http_limits::DEFAULT_HEADER_READ_TIMEOUT,
+            http_idle_timeout: crate::http_limits::DEFAULT_IDLE_TIMEOUT,
+            http_max_connections: None,
         }
     }
 }
@@ -210,6 +229,7 @@ impl NodeConfig {
                 self.max_memory_per_key
             ));
         }
+        crate::http_limits::validate_config(self)?;
         // The default module options must fit this node, or nothing deploys.
         ModuleOptions::default()
             .validate_for(self, &timing)

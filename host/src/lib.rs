@@ -27,6 +27,7 @@ mod guest_log;
 mod handoff;
 mod host_api;
 pub mod http;
+pub mod http_limits;
 mod http_modules;
 mod key;
 mod limbo;
