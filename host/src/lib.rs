@@ -31,6 +31,7 @@ pub mod http_limits;
 mod http_modules;
 mod key;
 mod limbo;
+mod listener;
 pub mod metrics;
 pub mod module;
 mod node;

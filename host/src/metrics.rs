@@ -76,6 +76,10 @@ pub(crate) struct Metrics {
     compile_seconds: Family<Labels1, Histogram>,
     cache: Family<Labels1, Counter>,
     handoff_states: Family<Labels1, Counter>,
+    /// API connections open now (kept by the connection loop, not read at
+    /// scrape time: it is the loop's own figure).
+    api_connections: Gauge,
+    api_connections_closed: Family<Labels1, Counter>,
     gauges: Gauges,
     /// Calls served on this node per module (local and for peers), for the
     /// dashboard's call rates.
@@ -126,6 +130,8 @@ impl Metrics {
             Family::<Labels1, Histogram>::new_with_constructor(compile_histogram as fn() -> _);
         let cache = Family::<Labels1, Counter>::default();
         let handoff_states = Family::<Labels1, Counter>::default();
+        let api_connections = Gauge::default();
+        let api_connections_closed = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
@@ -168,6 +174,16 @@ impl Metrics {
             "handoff_states",
             "Handoff states on this node, by event: sent (to a new owner), received, delivered (to the key's next process), kept (a move failed; they stay for the next one), and the losses: dropped_stale (sent for a transfer that did not commit, or an ownership that ended), dropped_fence (waiting when the node fenced), too_large (over the module's max_handoff_size), key_died (handoff trapped)",
             handoff_states.clone(),
+        );
+        r.register(
+            "api_connections",
+            "HTTP API connections open now (at most http_max_connections, besides those being closed)",
+            api_connections.clone(),
+        );
+        r.register(
+            "api_connections_closed",
+            "HTTP API connections the node closed at a limit, by reason: refused (at the connection cap with every connection busy; answered 503), evicted (idle the longest, closed at the cap to admit a new one), header_timeout, idle_timeout, head_too_large (answered 414 or 431)",
+            api_connections_closed.clone(),
         );
         r.register(
             "lease_remaining_seconds",
@@ -247,6 +263,8 @@ impl Metrics {
             compile_seconds,
             cache,
             handoff_states,
+            api_connections,
+            api_connections_closed,
             gauges,
             served: Mutex::new(std::collections::BTreeMap::new()),
         }
@@ -309,6 +327,24 @@ impl Metrics {
         self.compile_seconds
             .get_or_create(&[("cached", cached.to_string())])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// An API connection was admitted.
+    pub(crate) fn api_connection_opened(&self) {
+        self.api_connections.inc();
+    }
+
+    /// An admitted API connection closed.
+    pub(crate) fn api_connection_ended(&self) {
+        self.api_connections.dec();
+    }
+
+    /// An API connection was closed at a limit, for `reason` (see the
+    /// series' help).
+    pub(crate) fn api_connection_limited(&self, reason: &'static str) {
+        self.api_connections_closed
+            .get_or_create(&[("reason", reason.to_owned())])
+            .inc();
     }
 
     /// Calls served on this node so far, per module.
