@@ -16,6 +16,7 @@ mod handoff;
 mod host_imports;
 mod hostile;
 mod http_cli;
+mod http_limits;
 mod kill;
 mod languages;
 mod limbo;
