@@ -273,6 +273,11 @@ impl HeadScan {
         *self = HeadScan::default();
     }
 
+    /// Whether the head has ended.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
     /// Follow `data`, the next bytes read; past the head's end they are the
     /// body's and are ignored.
     pub(crate) fn feed(&mut self, data: &[u8]) -> std::result::Result<(), HeadRefusal> {

@@ -298,7 +298,7 @@ pub(crate) async fn serve(
                         limit: shared.limits.max_connections,
                     };
                     tracker.spawn(async move {
-                        answer_and_close(stream, &error).await;
+                        refuse(stream, &error).await;
                         drop(permit);
                     });
                 }
@@ -433,6 +433,29 @@ where
     // hyper waits for a head that will not come; the answer is ours.
     answer_and_close(io, &refusal.error()).await;
     End::HeadRefused(refusal)
+}
+
+/// Answer a refused connection with `error` once its request's head is in
+/// (waiting at most [`LINGER`]): a client reads an answer that comes before
+/// its request as a broken connection, not as a response.
+async fn refuse(mut stream: TcpStream, error: &Error) {
+    let mut scan = HeadScan::default();
+    let mut buf = vec![0u8; 8192];
+    let head = async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    if scan.feed(&buf[..n]).is_err() || scan.is_done() {
+                        return true;
+                    }
+                }
+            }
+        }
+    };
+    if let Ok(true) = tokio::time::timeout(LINGER, head).await {
+        answer_and_close(stream, error).await;
+    }
 }
 
 /// Write `error` as a whole JSON response, close the writing side, and

@@ -1,6 +1,7 @@
 //! Hostile API clients (issue "Hostile tenants cannot hurt the node or each
 //! other", findings 5 and 10): more idle and slow-header connections than
-//! the node's connection cap do not lock callers out; a head sent too slowly
+//! the node's connection cap do not lock callers out, and with every
+//! connection busy a new one gets a JSON `503`; a head sent too slowly
 //! is closed at the header-read timeout (a TLS handshake that never comes
 //! too), a kept-alive connection at the idle timeout and not before; heads
 //! over the limits get `414` and `431` with JSON bodies; a cap that does not
@@ -168,6 +169,84 @@ async fn idle_and_slow_connections_over_the_cap_do_not_lock_callers_out() {
     )
     .await;
     assert!(evicted >= (120 - CAP) as f64, "{evicted} evicted");
+}
+
+/// Start a call on `stream` whose body never finishes, and wait until the
+/// node reads the body (its `100 Continue`): the connection is busy.
+async fn busy(stream: &mut TcpStream) {
+    stream
+        .write_all(
+            b"POST /v1/keys/counter/slow/call HTTP/1.1\r\nHost: fief\r\n\
+              Content-Length: 100\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("100 Continue") {
+        let n = tokio::time::timeout(PROMPTLY, stream.read(&mut buf))
+            .await
+            .expect("a 100 Continue in time")
+            .unwrap();
+        assert!(n > 0, "closed before 100 Continue: {seen:?}");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    stream.write_all(b"in").await.unwrap();
+}
+
+#[tokio::test]
+async fn with_every_connection_busy_a_new_one_gets_a_json_503() {
+    const CAP: usize = 4;
+    let config = limits(
+        Some(CAP as u32),
+        Duration::from_secs(120),
+        Duration::from_secs(120),
+    );
+    let (addr, _stop) = api(config, ApiOptions::default()).await;
+    let mut calls = Vec::new();
+    for _ in 0..CAP {
+        let mut stream = TcpStream::connect(&addr).await.unwrap();
+        busy(&mut stream).await;
+        calls.push(stream);
+    }
+    let client = || {
+        reqwest::Client::builder()
+            .timeout(PROMPTLY)
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    };
+    let refused = client()
+        .get(format!("http://{addr}/v1/status"))
+        .send()
+        .await
+        .expect("an answer, not a broken connection");
+    assert_eq!(
+        refused.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    assert_eq!(error_code(refused, 503).await, "too_many_connections");
+    // One call finishes: its connection goes idle, and the next caller is
+    // admitted in its place.
+    calls[0].write_all(&[b'x'; 98]).await.unwrap();
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(PROMPTLY, calls[0].read(&mut buf))
+        .await
+        .expect("the finished call's answer")
+        .unwrap();
+    assert!(n > 0);
+    let status = client()
+        .get(format!("http://{addr}/v1/status"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status.status(), 200);
+    let refusals = metric(
+        &addr,
+        "fief_api_connections_closed_total{reason=\"refused\"}",
+    )
+    .await;
+    assert!(refusals >= 1.0, "{refusals}");
 }
 
 #[tokio::test]
