@@ -104,6 +104,22 @@ pub struct NodeConfig {
     /// Ceilings over every module's options, for every deploy (an open
     /// node's, the admin's and a tenant's); tenant caps only lower them.
     pub module_ceilings: ModuleCeilings,
+    /// How long an API client has to send a request's head (request line
+    /// and headers): on a new connection from when it is accepted (the TLS
+    /// handshake included), on a kept-alive one from the head's first byte.
+    /// Past it the connection is closed ([`crate::http_limits`]).
+    #[serde(with = "humantime_serde")]
+    pub http_header_read_timeout: Duration,
+    /// How long a kept-alive API connection may wait for its next request
+    /// before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub http_idle_timeout: Duration,
+    /// Most API connections open at once; `None`: the lowest of 4096, three
+    /// quarters of the open-file limit, and the limit less the descriptors
+    /// the node keeps for everything else. At the cap the connection idle
+    /// the longest is closed to admit a new one; with every connection busy
+    /// the new one is answered `503` ([`crate::http_limits`]).
+    pub http_max_connections: Option<u32>,
 }
 
 /// The node's ceilings over module options: a deploy asking for more is
@@ -243,6 +259,9 @@ impl Default for NodeConfig {
             cluster_secret_file: None,
             peer_tls: None,
             module_ceilings: ModuleCeilings::default(),
+            http_header_read_timeout: crate::http_limits::DEFAULT_HEADER_READ_TIMEOUT,
+            http_idle_timeout: crate::http_limits::DEFAULT_IDLE_TIMEOUT,
+            http_max_connections: None,
         }
     }
 }
@@ -349,6 +368,7 @@ impl NodeConfig {
                 c.cpu_limit, self.epoch_tick
             ));
         }
+        crate::http_limits::validate_config(self)?;
         // The default module options must fit this node, or nothing deploys.
         ModuleOptions::default()
             .validate_for(self, &timing)

@@ -178,6 +178,33 @@ pub enum Error {
     /// No such HTTP endpoint.
     #[error("no such endpoint: {0}; see the API table in docs/design.md")]
     NoSuchEndpoint(String),
+    /// The request line (method, URI, version) is over the API's limit.
+    #[error(
+        "the request line is over the limit of {limit} bytes; send a shorter path and query (large data goes in the body)"
+    )]
+    UriTooLong {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The request's head (request line and headers) is over the API's
+    /// limits.
+    #[error(
+        "the request's headers are over the limit of {limit} bytes or {fields} header fields; send fewer or smaller headers"
+    )]
+    HeadersTooLarge {
+        /// The limit on the whole head, in bytes.
+        limit: usize,
+        /// The limit on header fields.
+        fields: usize,
+    },
+    /// Every API connection the node allows is open and busy with a request.
+    #[error(
+        "this node has its maximum of {limit} API connections open, each busy with a request; retry shortly"
+    )]
+    TooManyConnections {
+        /// The node's `http_max_connections`.
+        limit: usize,
+    },
     /// A cache write's precondition (`If-Match` / `If-None-Match`) did not
     /// hold; nothing was written.
     #[error(
@@ -269,6 +296,9 @@ impl Error {
             Error::Config(_) => "invalid_config",
             Error::NoSuchEndpoint(_) => "no_such_endpoint",
             Error::MethodNotAllowed(_) => "method_not_allowed",
+            Error::UriTooLong { .. } => "uri_too_long",
+            Error::HeadersTooLarge { .. } => "headers_too_large",
+            Error::TooManyConnections { .. } => "too_many_connections",
             Error::VersionConflict { .. } => "version_conflict",
             Error::CacheEntryTooLarge { .. } => "cache_entry_too_large",
             Error::CacheFull { .. } => "cache_full",
@@ -302,12 +332,15 @@ impl Error {
             | Error::PoolFull { .. }
             | Error::CacheFull { .. }
             | Error::CompileBusy { .. } => 429,
+            Error::UriTooLong { .. } => 414,
+            Error::HeadersTooLarge { .. } => 431,
             Error::KeyDied(_) | Error::Internal(_) => 500,
             Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
             Error::Fenced
             | Error::FencedWhileLeaving
             | Error::Unowned(_)
             | Error::ShuttingDown
+            | Error::TooManyConnections { .. }
             | Error::NotOwner { .. }
             | Error::ModuleStore(_) => 503,
             Error::Remote { status, .. } => *status,

@@ -27,9 +27,12 @@
 //! caller's [`Identity`] is in each request's extensions.
 //!
 //! Every error is JSON `{"error":{"code":"…","message":"…"}}` with the status
-//! of [`Error::http_status`]. Bodies are read with a limit (the node's
+//! of [`Error::http_status`], the answers to heads over the limits (`414`,
+//! `431`) and to a connection over the cap (`503`) included. Bodies are read with a limit (the node's
 //! `max_message_size` for messages, [`MAX_MODULE_BYTES`](crate::module::MAX_MODULE_BYTES) for modules), so a
-//! client cannot make the node buffer more than that.
+//! client cannot make the node buffer more than that. Connections are held to
+//! [`crate::http_limits`] (a cap, timeouts, head sizes) by
+//! `crate::listener`.
 
 use std::sync::Arc;
 
@@ -132,30 +135,25 @@ pub async fn serve(
 }
 
 /// Serve the API on `listener` with `options` (tokens, TLS) until
-/// `shutdown` resolves.
+/// `shutdown` resolves, within the connection limits of the node's
+/// configuration ([`crate::http_limits`]): a cap on open connections, the
+/// header-read and idle timeouts, and limits on a request's head.
 ///
 /// # Errors
 ///
-/// An I/O error from the listener.
+/// [`std::io::ErrorKind::InvalidInput`] if the connection cap does not fit
+/// the open-file limit (the message names both); an I/O error from the
+/// listener.
 pub async fn serve_with(
     instance: Arc<Instance>,
     listener: tokio::net::TcpListener,
     options: ApiOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router_with(instance, options.auth);
-    match options.tls {
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-        Some(config) => {
-            axum::serve(crate::tls::TlsListener::new(listener, config)?, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-    }
+    let limits = crate::http_limits::HttpLimits::for_node(instance.config())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let app = router_with(instance.clone(), options.auth);
+    crate::listener::serve(listener, app, options.tls, limits, instance, shutdown).await
 }
 
 /// Read a body of at most `limit` bytes.

@@ -215,6 +215,17 @@ struct NodeArgs {
         value_delimiter = ','
     )]
     module_ceilings: Vec<String>,
+    /// How long an API client has to send a request's head, e.g. `10s`.
+    #[arg(long, env = "FIEF_HTTP_HEADER_READ_TIMEOUT", value_parser = humantime::parse_duration)]
+    http_header_read_timeout: Option<Duration>,
+    /// How long a kept-alive API connection may wait for its next request,
+    /// e.g. `60s`.
+    #[arg(long, env = "FIEF_HTTP_IDLE_TIMEOUT", value_parser = humantime::parse_duration)]
+    http_idle_timeout: Option<Duration>,
+    /// Most API connections open at once (default: the lowest of 4096, 3/4
+    /// of the open-file limit, and the limit less 256).
+    #[arg(long, env = "FIEF_HTTP_MAX_CONNECTIONS")]
+    http_max_connections: Option<u32>,
     /// Directory of compiled components, so a restart does not recompile
     /// (default: `$XDG_CACHE_HOME/fief` or `~/.cache/fief`).
     #[arg(long, env = "FIEF_COMPILE_CACHE", conflicts_with = "no_compile_cache")]
@@ -382,13 +393,18 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         fence_margin,
         partitions,
         max_message_size,
-        max_live_keys
+        max_live_keys,
+        http_header_read_timeout,
+        http_idle_timeout
     );
     for ceiling in &args.module_ceilings {
         let (name, value) = ceiling
             .split_once('=')
             .with_context(|| format!("--module-ceiling {ceiling:?}: expected NAME=VALUE"))?;
         config.module_ceilings.set(name.trim(), value.trim())?;
+    }
+    if let Some(n) = args.http_max_connections {
+        config.http_max_connections = Some(n);
     }
     if let Some(addr) = args.peer_listen {
         config.peer_listen = Some(addr);
@@ -431,6 +447,31 @@ fn default_compile_cache() -> Option<PathBuf> {
 
 async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let config = node_config(&args)?;
+    // Every API connection is a file descriptor: take what the system
+    // allows before sizing the connection cap on it.
+    let raised = fief::http_limits::raise_open_file_limit();
+    if let Some(why) = &raised.refused {
+        tracing::warn!(
+            "{why}; keeping {}",
+            fief::http_limits::shown(raised.after.soft)
+        );
+    }
+    let limits = fief::http_limits::HttpLimits::for_node(&config)?;
+    println!(
+        "API limits: at most {} connections (open-file limit {}{}), header read timeout {}, idle timeout {}",
+        limits.max_connections,
+        fief::http_limits::shown(raised.after.soft),
+        if raised.after.soft == raised.before.soft {
+            String::new()
+        } else {
+            format!(
+                ", raised from {}",
+                fief::http_limits::shown(raised.before.soft)
+            )
+        },
+        humantime::format_duration(limits.header_read_timeout),
+        humantime::format_duration(limits.idle_timeout),
+    );
     let auth = Arc::new(api_auth(&args)?);
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(fief::tls::server_config(cert, key)?),

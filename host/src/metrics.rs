@@ -78,6 +78,10 @@ pub(crate) struct Metrics {
     handoff_states: Family<Labels1, Counter>,
     guest_log_dropped: Family<Labels1, Counter>,
     guest_log_truncated: Family<Labels1, Counter>,
+    /// API connections open now (kept by the connection loop, not read at
+    /// scrape time: it is the loop's own figure).
+    api_connections: Gauge,
+    api_connections_closed: Family<Labels1, Counter>,
     gauges: Gauges,
     /// Calls served on this node per module (local and for peers), for the
     /// dashboard's call rates.
@@ -130,6 +134,8 @@ impl Metrics {
         let handoff_states = Family::<Labels1, Counter>::default();
         let guest_log_dropped = Family::<Labels1, Counter>::default();
         let guest_log_truncated = Family::<Labels1, Counter>::default();
+        let api_connections = Gauge::default();
+        let api_connections_closed = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
@@ -182,6 +188,16 @@ impl Metrics {
             "guest_log_lines_truncated",
             "Guest log lines cut at the line cap (8 KiB), by module",
             guest_log_truncated.clone(),
+        );
+        r.register(
+            "api_connections",
+            "HTTP API connections open now (at most http_max_connections, besides those being closed)",
+            api_connections.clone(),
+        );
+        r.register(
+            "api_connections_closed",
+            "HTTP API connections the node closed at a limit, by reason: refused (at the connection cap with every connection busy; answered 503), evicted (idle the longest, closed at the cap to admit a new one), header_timeout, idle_timeout, head_too_large (answered 414 or 431)",
+            api_connections_closed.clone(),
         );
         r.register(
             "lease_remaining_seconds",
@@ -263,6 +279,8 @@ impl Metrics {
             handoff_states,
             guest_log_dropped,
             guest_log_truncated,
+            api_connections,
+            api_connections_closed,
             gauges,
             served: Mutex::new(std::collections::BTreeMap::new()),
         }
@@ -335,6 +353,24 @@ impl Metrics {
         self.compile_seconds
             .get_or_create(&[("cached", cached.to_string())])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// An API connection was admitted.
+    pub(crate) fn api_connection_opened(&self) {
+        self.api_connections.inc();
+    }
+
+    /// An admitted API connection closed.
+    pub(crate) fn api_connection_ended(&self) {
+        self.api_connections.dec();
+    }
+
+    /// An API connection was closed at a limit, for `reason` (see the
+    /// series' help).
+    pub(crate) fn api_connection_limited(&self, reason: &'static str) {
+        self.api_connections_closed
+            .get_or_create(&[("reason", reason.to_owned())])
+            .inc();
     }
 
     /// Calls served on this node so far, per module.

@@ -2,8 +2,10 @@
 //! links; both optional.
 //!
 //! - The API: `fief node --tls-cert CERT.pem --tls-key KEY.pem` serves HTTPS
-//!   only ([`server_config`], [`TlsListener`]); a plaintext client gets no
-//!   answer. The CLI trusts the system's roots plus `--ca-cert FILE`.
+//!   only ([`server_config`]; the handshake runs in the API's connection
+//!   loop, within its header-read timeout, see [`crate::http_limits`]); a
+//!   plaintext client gets no answer. The CLI trusts the system's roots plus
+//!   `--ca-cert FILE`.
 //! - Peer links: [`PeerTls`] (`--peer-tls-cert/-key/-ca`, or `[peer_tls]` in
 //!   the config file) makes every node-to-node connection mutual TLS: each
 //!   node presents its certificate and accepts only peers whose certificate
@@ -13,11 +15,8 @@
 //! Certificates and keys are PEM files; the key may be PKCS#8, PKCS#1 or
 //! SEC1. Every load error names the file and what is wrong with it.
 
-use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -25,13 +24,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
-
-/// How long a client may take over its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// TLS for peer links: this node's certificate and key, and the CA that
 /// signed every node's certificate (a node's certificate must name the
@@ -178,79 +172,6 @@ pub(crate) fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'s
         owner: addr.to_owned(),
         why: format!("{host:?} is not a name TLS can check a certificate against: {e}"),
     })
-}
-
-/// Accepts TCP connections and completes their TLS handshakes in the
-/// background (a slow client holds up no other), for `axum::serve`.
-pub struct TlsListener {
-    accepted: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    /// Serve TLS with `config` on `listener`.
-    ///
-    /// # Errors
-    ///
-    /// An I/O error if the listener has no local address.
-    pub fn new(listener: TcpListener, config: Arc<ServerConfig>) -> io::Result<Self> {
-        let local = listener.local_addr()?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let (tx, accepted) = mpsc::channel(64);
-        let task = tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match listener.accept().await {
-                    Ok(pair) => pair,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting an API connection failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed (a plaintext client?)");
-                        }
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener {
-            accepted,
-            local,
-            task,
-        })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.accepted.recv().await {
-            Some(pair) => pair,
-            // The accept task only ends when aborted by our own drop.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
 
 #[cfg(test)]

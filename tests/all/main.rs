@@ -18,6 +18,7 @@ mod host_imports;
 mod hostile;
 mod hostile_logs;
 mod http_cli;
+mod http_limits;
 mod kill;
 mod languages;
 mod limbo;
