@@ -54,9 +54,12 @@ pub(crate) struct NodeShared {
     pub(crate) members: RwLock<BTreeMap<NodeId, Member>>,
     pub(crate) peers: PeerPool,
     peer_addr: Option<String>,
-    /// The coordination state machine: the lease (routing and the gate read
-    /// its status) and the coordination round in progress.
+    /// The coordination state machine: the lease (routing reads its status)
+    /// and the coordination round in progress.
     lease: Mutex<Coordinator>,
+    /// The lease's fence point as the coordinator publishes it, read by the
+    /// side-effect gate without taking `lease`'s lock.
+    fence_gate: Arc<fief_core::FenceGate>,
     leader_term: Mutex<Option<Term>>,
     table: RwLock<OwnershipTable>,
     pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
@@ -138,8 +141,12 @@ impl NodeShared {
     }
 
     /// Whether this node may act for its keys right now: its lease is current.
+    /// Lock-free (every host import's gate and every running guest's epoch
+    /// callback ask): the fence point as the coordinator last published it,
+    /// read before the clock, so past the fence point this is false.
     pub(crate) fn may_act(&self) -> bool {
-        lock(&self.lease).status(self.clock.now()).is_current()
+        let until = self.fence_gate.current_until();
+        until.is_some_and(|until| self.clock.now() < until)
     }
 
     fn lease_status(&self) -> LeaseStatus {
@@ -948,10 +955,12 @@ impl InstanceBuilder {
         let limbo = Limbo::start(runtime.engine.clone());
         let cache_max_bytes =
             usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
+        let coordinator = Coordinator::new(timing);
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
             table: RwLock::new(OwnershipTable::new(config.partition_count())),
-            lease: Mutex::new(Coordinator::new(timing)),
+            fence_gate: coordinator.gate(),
+            lease: Mutex::new(coordinator),
             peers: PeerPool::new(
                 &config.namespace,
                 &config.node_id,
