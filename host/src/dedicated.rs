@@ -11,9 +11,9 @@
 //! cores are busy.
 //!
 //! This module owns the thread's life: it runs one root future on a
-//! current-thread runtime (which also runs whatever the root spawns) until
-//! the root ends or the owner stops it,
-//! then drops the runtime (and its tasks) on the thread itself and ends.
+//! current-thread runtime, which also runs whatever is spawned on it (see
+//! [`DedicatedRuntime::handle`]), until the root ends or the owner stops it;
+//! then it drops the runtime, and its tasks, on the thread itself and ends.
 //! Dropping the owner stops it too, so no thread outlives its owner for long.
 
 use std::future::Future;
@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 /// How long [`DedicatedRuntime::stop`] waits for the thread to finish before
@@ -29,6 +30,7 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// A current-thread runtime on a thread of its own, running one root future.
 pub(crate) struct DedicatedRuntime {
+    handle: Handle,
     name: String,
     /// Set to stop the root; dropping it stops the root too.
     stop: watch::Sender<bool>,
@@ -53,6 +55,7 @@ impl DedicatedRuntime {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let handle = runtime.handle().clone();
         let (stop, mut stopped) = watch::channel(false);
         let (ending, ended) = mpsc::channel::<()>();
         std::thread::Builder::new()
@@ -72,10 +75,16 @@ impl DedicatedRuntime {
                 drop(runtime);
             })?;
         Ok(DedicatedRuntime {
+            handle,
             name: name.to_owned(),
             stop,
             ended: Mutex::new(ended),
         })
+    }
+
+    /// The runtime's handle, to spawn onto it (tasks end with the thread).
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
     }
 
     /// Stop the root future, and wait (briefly) until the thread has dropped
@@ -119,16 +128,22 @@ mod tests {
     }
 
     #[test]
-    fn stop_drops_the_root_before_it_returns() {
-        let root_dropped = Arc::new(AtomicBool::new(false));
-        let flag = Dropped(root_dropped.clone());
+    fn stop_drops_the_root_and_what_was_spawned_before_it_returns() {
+        let (root_dropped, task_dropped) = (Arc::default(), Arc::new(AtomicBool::new(false)));
+        let flag = Dropped(Arc::clone(&root_dropped));
         let dedicated = DedicatedRuntime::start("fief-test", move || async move {
             let _flag = flag;
             std::future::pending::<()>().await;
         })
         .unwrap();
+        let spawned = Dropped(task_dropped.clone());
+        dedicated.handle().spawn(async move {
+            let _spawned = spawned;
+            std::future::pending::<()>().await;
+        });
         dedicated.stop();
         assert!(root_dropped.load(Ordering::SeqCst));
+        assert!(task_dropped.load(Ordering::SeqCst));
         dedicated.stop();
     }
 
