@@ -20,6 +20,11 @@ use fief_core::{Clock, Instant, ManualClock};
 use tokio::sync::watch;
 
 /// A clock the node can read and sleep on.
+///
+/// The coordination loop sleeps on a runtime of its own (its thread's), the
+/// rest of the node on the node's runtime: a sleep must work on whichever
+/// runtime polls it. [`TokioClock`]'s uses the timer of that runtime;
+/// [`SteppedClock`]'s is woken by a channel, from any thread.
 pub trait NodeClock: Clock {
     /// Resolve once the clock reads `deadline` or later.
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
@@ -113,5 +118,35 @@ impl NodeClock for SteppedClock {
         Box::pin(async move {
             let _ = ticks.wait_for(|now| *now >= deadline).await;
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sleep on a stepped clock taken on one runtime (another thread's)
+    /// is woken by `advance` from anywhere, and not before its instant.
+    #[test]
+    fn a_stepped_clock_wakes_a_sleeper_on_another_runtime() {
+        let clock = SteppedClock::default();
+        let (woken_tx, woken_rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn({
+            let clock = clock.clone();
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                runtime.block_on(clock.sleep_until(Instant::ZERO + Duration::from_secs(5)));
+                woken_tx.send(clock.now()).unwrap();
+            }
+        });
+        clock.advance(Duration::from_secs(4));
+        let early = woken_rx.recv_timeout(Duration::from_millis(100));
+        assert!(early.is_err(), "woken before its instant: {early:?}");
+        clock.advance(Duration::from_secs(1));
+        let woken = woken_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(woken.since_origin(), Duration::from_secs(5));
+        sleeper.join().unwrap();
     }
 }

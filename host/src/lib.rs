@@ -19,6 +19,7 @@ pub mod clock;
 pub mod compile_cache;
 pub mod config;
 pub mod dashboard;
+mod dedicated;
 mod deploy;
 pub mod error;
 pub mod event_log;

@@ -5,7 +5,10 @@
 //! at the arbiter, leads when it can, keeps the local copy of the partition
 //! table, and fences the node when it cannot prove its lease current. Every
 //! decision about time and ownership is made by `fief-core` from readings of
-//! the node's [`TokioClock`]; this module carries the decisions out.
+//! the node's [`TokioClock`]; this module carries the decisions out. The
+//! coordination loop runs on a thread of its own ([`DedicatedRuntime`]), so
+//! guest code keeping the node's runtime busy cannot delay a renewal or the
+//! fence.
 //!
 //! Routing (guarantee 2): a message is served only if, at the moment it is
 //! routed, the node's lease is current and the table gives it the key's
@@ -22,6 +25,7 @@ use fief_core::{
     Coordinator, LeaseStatus, NodeId, OwnershipTable, PartitionId, Route, RouteRefusal,
 };
 use serde::Serialize;
+use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 
@@ -32,6 +36,7 @@ use crate::bindings::types::StopReason;
 use crate::cache::{Cache, CacheStats, CacheStore};
 use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig, validate_key};
+use crate::dedicated::DedicatedRuntime;
 use crate::error::{Error, Result};
 use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
 use crate::handoff::{HandoffStates, LostState};
@@ -55,9 +60,12 @@ pub(crate) struct NodeShared {
     pub(crate) members: RwLock<BTreeMap<NodeId, Member>>,
     pub(crate) peers: PeerPool,
     peer_addr: Option<String>,
-    /// The coordination state machine: the lease (routing and the gate read
-    /// its status) and the coordination round in progress.
+    /// The coordination state machine: the lease (routing reads its status)
+    /// and the coordination round in progress.
     lease: Mutex<Coordinator>,
+    /// The lease's fence point as the coordinator publishes it, read by the
+    /// side-effect gate without taking `lease`'s lock.
+    fence_gate: Arc<fief_core::FenceGate>,
     leader_term: Mutex<Option<Term>>,
     table: RwLock<OwnershipTable>,
     pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
@@ -140,8 +148,12 @@ impl NodeShared {
     }
 
     /// Whether this node may act for its keys right now: its lease is current.
+    /// Lock-free (every host import's gate and every running guest's epoch
+    /// callback ask): the fence point as the coordinator last published it,
+    /// read before the clock, so past the fence point this is false.
     pub(crate) fn may_act(&self) -> bool {
-        lock(&self.lease).status(self.clock.now()).is_current()
+        let until = self.fence_gate.current_until();
+        until.is_some_and(|until| self.clock.now() < until)
     }
 
     fn lease_status(&self) -> LeaseStatus {
@@ -1087,10 +1099,12 @@ impl InstanceBuilder {
             usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
         let cache_tenant_max_bytes =
             usize::try_from(config.cache_max_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
+        let coordinator = Coordinator::new(timing);
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
             table: RwLock::new(OwnershipTable::new(config.partition_count())),
-            lease: Mutex::new(Coordinator::new(timing)),
+            fence_gate: coordinator.gate(),
+            lease: Mutex::new(coordinator),
             peers: PeerPool::new(
                 &config.namespace,
                 &config.node_id,
@@ -1140,13 +1154,22 @@ impl InstanceBuilder {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
         });
         let (ready_tx, mut ready_rx) = watch::channel(false);
-        let coordination = tokio::spawn(supervise(shared.clone(), ready_tx));
+        // The coordination loop runs on a thread of its own, so its timing
+        // does not depend on how busy this runtime is with guest code; what
+        // it starts that must run here goes through `main`.
+        let coordination = {
+            let (shared, main) = (shared.clone(), tokio::runtime::Handle::current());
+            DedicatedRuntime::start("fief-coordinate", move || supervise(shared, ready_tx, main))
+                .map_err(|e| {
+                    Error::Internal(format!("cannot start the coordination thread: {e}"))
+                })?
+        };
         let ttl = shared.config.lease_ttl;
         let _ = tokio::time::timeout(ttl, ready_rx.wait_for(|ready| *ready)).await;
         tracing::info!(node = %shared.node_id, namespace = %shared.config.namespace, "node started");
         Ok(Instance {
             shared,
-            coordination,
+            coordination: Coordination(coordination),
             peer_server,
         })
     }
@@ -1167,7 +1190,9 @@ impl InstanceBuilder {
 /// ```
 pub struct Instance {
     pub(crate) shared: Arc<NodeShared>,
-    coordination: tokio::task::JoinHandle<()>,
+    /// The coordination loop's thread; `abort` stops it and waits until the
+    /// loop has stopped.
+    coordination: Coordination,
     peer_server: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -1628,9 +1653,26 @@ pub(crate) fn module_info(slot: &ModuleSlot) -> ModuleInfo {
     }
 }
 
+/// The coordination loop's thread, as the instance holds it.
+struct Coordination(DedicatedRuntime);
+
+impl Coordination {
+    /// Stop the coordination loop (and the module follower it started), and
+    /// wait until it has stopped: once this returns it takes no further
+    /// step (shutdown, leave, crash). Idempotent.
+    fn abort(&self) {
+        self.0.stop();
+    }
+}
+
 /// Run the coordination loop; if it ever ends or panics, the node fences
 /// (contract §1.3: "its own coordination crashed").
-async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
+///
+/// This is the root of the coordination thread (a [`DedicatedRuntime`],
+/// started by [`InstanceBuilder::start`]); `main` is the node's runtime, for
+/// the work the loop starts that belongs there. Stopping the thread drops
+/// this future, which aborts the loop and the follower.
+async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>, main: Handle) {
     /// Aborts the coordination task when the supervisor is dropped or
     /// aborted (shutdown, leave), so the two never outlive each other.
     struct AbortOnDrop(tokio::task::AbortHandle);
@@ -1639,14 +1681,18 @@ async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
             self.0.abort();
         }
     }
-    let task = tokio::spawn(coordinate(shared.clone(), ready));
+    // A task of the coordination thread's runtime, so that its panic is
+    // caught here.
+    let task = tokio::spawn(coordinate(shared.clone(), ready, main.clone()));
     let _guard = AbortOnDrop(task.abort_handle());
-    let follower = tokio::spawn(crate::deploy::follow_modules(shared.clone()));
+    // The module follower loads and compiles modules: the node's runtime.
+    let follower = main.spawn(crate::deploy::follow_modules(shared.clone()));
     let _follower_guard = AbortOnDrop(follower.abort_handle());
     let outcome = task.await;
     if let Err(e) = outcome
         && e.is_panic()
     {
+        let _main = main.enter();
         shared.fence("the coordination loop crashed");
     }
 }
@@ -1659,7 +1705,15 @@ async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
 /// leader writes, which partitions move — is the coordinator's, so the
 /// deterministic simulation (`fief_core::sim`) checks the code that runs
 /// here.
-async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
+///
+/// It runs on the coordination thread, so its sleeps (the fence point, the
+/// next renewal, a request's deadline) and its arbiter requests are not
+/// queued behind guest code. It spawns nothing there: graceful moves go to
+/// the node's runtime (`main`), and the fence, which spawns the timers of
+/// `callback` keys' deadlines, runs in `main`'s context. A table adoption
+/// runs here (it must lose the race with the fence point, as below); it only
+/// waits for the node's runtime (limbo's bookkeeper, reaped keys' ends).
+async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>, main: Handle) {
     let ns = shared.config.namespace.clone();
     let mut actions = lock(&shared.lease).on_tick(shared.clock.now());
     loop {
@@ -1685,7 +1739,10 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
                     );
                 }
                 Action::Fence { cause } => {
-                    shared.fence(cause);
+                    {
+                        let _main = main.enter();
+                        shared.fence(cause);
+                    }
                     *lock(&shared.lease_id) = None;
                 }
                 Action::Leader(term) => *lock(&shared.leader_term) = term,
@@ -1708,7 +1765,7 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>) {
                     // A read sent after a transfer failed settles it.
                     lock(&shared.unsure).retain(|_, failed| *failed >= asked_at);
                 }
-                Action::StartMoves(by_owner) => start_moves(&shared, by_owner),
+                Action::StartMoves(by_owner) => start_moves(&shared, &main, by_owner),
                 Action::Ready => {
                     ready.send_replace(true);
                 }
@@ -1792,11 +1849,16 @@ async fn ask_arbiter(shared: &NodeShared, ns: &str, request: Request) -> Reply {
 }
 
 /// As leader: ask each owner to hand the listed partitions to the listed
-/// nodes (the coordinator's graceful moves). Each owner moves its own.
-fn start_moves(shared: &Arc<NodeShared>, by_owner: Vec<(NodeId, Vec<(PartitionId, NodeId)>)>) {
+/// nodes (the coordinator's graceful moves). Each owner moves its own. On
+/// the node's runtime (`main`): a move runs guest `handoff`s.
+fn start_moves(
+    shared: &Arc<NodeShared>,
+    main: &Handle,
+    by_owner: Vec<(NodeId, Vec<(PartitionId, NodeId)>)>,
+) {
     for (owner, moves) in by_owner {
         let node = shared.clone();
-        tokio::spawn(async move {
+        main.spawn(async move {
             let result = if owner == node.node_id {
                 node.move_out(moves).await
             } else {

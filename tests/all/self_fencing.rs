@@ -311,11 +311,11 @@ async fn a_loop_that_wakes_late_does_not_fence_before_the_fence_point() {
 }
 
 /// A [`LocalArbiter`] that counts the node's renewal attempts and can stall
-/// the node's coordination loop inside a renewal: while held, `renew` blocks the calling task's thread (through
-/// [`tokio::task::block_in_place`], so the runtime moves every other task to
-/// other threads). The loop then cannot notice anything, not even its own
-/// fence point, while the node's key processes run on: the coordination
-/// task alone is paused, as if descheduled.
+/// the node's coordination loop inside a renewal: while held, `renew` blocks
+/// the calling thread, which is the coordination loop's own. The loop then
+/// cannot notice anything, not even its own fence point, while the node's
+/// key processes run on: the coordination loop alone is paused, as if
+/// descheduled.
 struct HoldingArbiter {
     local: LocalArbiter,
     hold: Mutex<bool>,
@@ -377,10 +377,8 @@ impl Arbiter for HoldingArbiter {
         self.attempts.send_modify(|n| *n += 1);
         if *self.hold.lock().unwrap() {
             self.held.send_modify(|n| *n += 1);
-            tokio::task::block_in_place(|| {
-                let hold = self.hold.lock().unwrap();
-                drop(self.released.wait_while(hold, |hold| *hold).unwrap());
-            });
+            let hold = self.hold.lock().unwrap();
+            drop(self.released.wait_while(hold, |hold| *hold).unwrap());
         }
         // The renewal reaches the arbiter now, on the arbiter's clock.
         self.local.renew(namespace, node, lease)
@@ -479,8 +477,7 @@ impl Arbiter for HoldingArbiter {
 }
 
 /// Releases a [`HoldingArbiter`]'s hold when dropped, so that a failing
-/// test never leaves the coordination task blocked (the runtime would wait
-/// for it forever).
+/// test never leaves the coordination loop's thread blocked for good.
 struct ReleaseOnDrop<'a>(&'a HoldingArbiter);
 
 impl Drop for ReleaseOnDrop<'_> {

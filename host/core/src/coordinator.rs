@@ -16,13 +16,17 @@
 //! read the members and the table. At most one request is outstanding; each
 //! has a deadline of one renewal interval. The fence point is checked before
 //! every step and before every answer is used, so a slow or silent arbiter
-//! can delay a renewal, never the fence.
+//! can delay a renewal, never the fence. Every change to the lease is also
+//! published through [`Coordinator::gate`], for checks that must not wait
+//! for the lock the caller keeps the coordinator under (the node's
+//! side-effect gate).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::arbiter::{LeaseId, Member, Term};
 use crate::assignment::{orphan_assignment, rebalance_moves};
-use crate::lease::{Lease, LeaseStatus, LeaseTiming, Renewal, RenewalCounts};
+use crate::lease::{FenceGate, Lease, LeaseStatus, LeaseTiming, Renewal, RenewalCounts};
 use crate::ownership::{NodeId, OwnershipTable};
 use crate::partition::PartitionId;
 use crate::time::Instant;
@@ -158,15 +162,36 @@ enum Phase {
 }
 
 /// The node's coordination state: its lease and the round in progress.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Coordinator {
     lease: Lease,
     phase: Phase,
     next_id: u64,
     sync_now: bool,
+    /// The lease's fence point for lock-free readers, published by every
+    /// method that can change the lease (see [`FenceGate`]).
+    gate: Arc<FenceGate>,
     /// The simulation's mutation: every new lease fences at the TTL.
     #[cfg(any(test, feature = "sim"))]
     fence_at_ttl: bool,
+}
+
+/// A clone has a gate of its own (publishing the same fence point): two
+/// coordinators never publish to one gate.
+impl Clone for Coordinator {
+    fn clone(&self) -> Self {
+        let gate = FenceGate::default();
+        gate.publish(self.lease.current_until());
+        Coordinator {
+            lease: self.lease.clone(),
+            phase: self.phase.clone(),
+            next_id: self.next_id,
+            sync_now: self.sync_now,
+            gate: Arc::new(gate),
+            #[cfg(any(test, feature = "sim"))]
+            fence_at_ttl: self.fence_at_ttl,
+        }
+    }
 }
 
 impl Coordinator {
@@ -180,9 +205,22 @@ impl Coordinator {
             },
             next_id: 0,
             sync_now: false,
+            gate: Arc::default(),
             #[cfg(any(test, feature = "sim"))]
             fence_at_ttl: false,
         }
+    }
+
+    /// The lease's fence point as published for readers that do not hold
+    /// the coordinator (the node's side-effect gate): current while the
+    /// clock reads before [`FenceGate::current_until`]. It follows every
+    /// lease this coordinator holds, across fences and rejoins.
+    pub fn gate(&self) -> Arc<FenceGate> {
+        self.gate.clone()
+    }
+
+    fn publish(&self) {
+        self.gate.publish(self.lease.current_until());
     }
 
     /// Mutation for the simulation's checker test: every lease fences at
@@ -191,6 +229,7 @@ impl Coordinator {
     pub fn mutate_fence_at_ttl(&mut self) {
         self.fence_at_ttl = true;
         self.lease.mutate_fence_at_ttl();
+        self.publish();
     }
 
     /// The lease's timing.
@@ -200,7 +239,9 @@ impl Coordinator {
 
     /// The lease's status at `now` (see [`Lease::status`]).
     pub fn status(&mut self, now: Instant) -> LeaseStatus {
-        self.lease.status(now)
+        let status = self.lease.status(now);
+        self.publish();
+        status
     }
 
     /// The current lease's fence point, if any renewal succeeded.
@@ -212,6 +253,7 @@ impl Coordinator {
     /// [`Action::Fence`] and rejoins.
     pub fn fence_now(&mut self, now: Instant) {
         self.lease.fence_now(now);
+        self.publish();
     }
 
     /// The current lease's renewals so far (see [`Lease::renewal_counts`]).
@@ -264,6 +306,7 @@ impl Coordinator {
     pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
         self.step(now, None, &mut actions);
+        self.publish();
         actions
     }
 
@@ -272,6 +315,7 @@ impl Coordinator {
     pub fn on_reply(&mut self, now: Instant, id: RequestId, reply: Reply) -> Vec<Action> {
         let mut actions = Vec::new();
         self.step(now, Some((id, reply)), &mut actions);
+        self.publish();
         actions
     }
 
@@ -295,6 +339,7 @@ impl Coordinator {
 
     fn fence(&mut self, now: Instant, cause: &'static str, out: &mut Vec<Action>) {
         self.lease.fence_now(now);
+        self.publish();
         self.phase = Phase::Fenced;
         out.push(Action::Fence { cause });
     }
@@ -655,5 +700,61 @@ mod tests {
             }]
         );
         assert!(!c.status(at(1001)).is_current());
+    }
+
+    /// Fail every request of the round in progress, from `id` on.
+    fn end_round(c: &mut Coordinator, mut id: RequestId, now: u64) {
+        while let Some((next, _)) = sent(&c.on_reply(at(now), id, Reply::Failed("x".to_owned()))) {
+            id = next;
+        }
+    }
+
+    /// The published gate says what `status` says, through a grant, a
+    /// renewal, a refused renewal, a fence by hand and a rejoin.
+    #[test]
+    fn the_gate_follows_the_lease() {
+        let mut c = Coordinator::new(LeaseTiming::default()); // fence point: sent + 4 s
+        let gate = c.gate();
+        assert_eq!(gate.current_until(), None, "pending");
+        let (id, _) = sent(&c.on_tick(at(0))).unwrap();
+        assert_eq!(gate.current_until(), None, "registering");
+        let (id, _) = sent(&c.on_reply(at(5), id, Reply::Registered(LeaseId(1)))).unwrap();
+        assert_eq!(gate.current_until(), Some(at(4000)), "granted");
+        end_round(&mut c, id, 10);
+        let (id, req) = sent(&c.on_tick(at(1000))).unwrap();
+        assert_eq!(req, Request::Renew(LeaseId(1)));
+        let (id, _) = sent(&c.on_reply(at(1003), id, Reply::Renewed)).unwrap();
+        assert_eq!(gate.current_until(), Some(at(5000)), "renewed at 1 s");
+        end_round(&mut c, id, 1010);
+
+        // A clone publishes to a gate of its own.
+        let mut refused = c.clone();
+        assert!(!Arc::ptr_eq(&refused.gate(), &gate));
+        assert_eq!(refused.gate().current_until(), Some(at(5000)));
+        // A refused renewal fences at once, long before the fence point.
+        let (id, req) = sent(&refused.on_tick(at(2000))).unwrap();
+        assert_eq!(req, Request::Renew(LeaseId(1)));
+        refused.on_reply(at(2001), id, Reply::LeaseExpired);
+        assert_eq!(refused.gate().current_until(), None, "refused: fenced");
+        assert_eq!(
+            gate.current_until(),
+            Some(at(5000)),
+            "the original is untouched"
+        );
+
+        // Fenced by hand; the next ticks carry out the fence and rejoin.
+        c.fence_now(at(1500));
+        assert_eq!(gate.current_until(), None, "fenced by hand");
+        let fenced = c.on_tick(at(1500));
+        assert!(matches!(fenced[..], [Action::Fence { .. }]), "{fenced:?}");
+        let (id, req) = sent(&c.on_tick(at(1500))).unwrap();
+        assert_eq!(req, Request::Register);
+        assert_eq!(gate.current_until(), None, "rejoining");
+        c.on_reply(at(1600), id, Reply::Registered(LeaseId(2)));
+        assert_eq!(
+            gate.current_until(),
+            Some(at(5500)),
+            "the new lease, sent at 1.5 s"
+        );
     }
 }

@@ -316,6 +316,16 @@ impl Lease {
             .map(|sent| sent + self.timing.lease_ttl - margin)
     }
 
+    /// The fence point while the lease may still be current: `None` before
+    /// any renewal succeeded and once the lease is fenced. (Whether `now`
+    /// has reached it is for the caller to compare; see [`FenceGate`].)
+    pub fn current_until(&self) -> Option<Instant> {
+        match self.fenced_at {
+            Some(_) => None,
+            None => self.fence_point(),
+        }
+    }
+
     /// When the next renewal should be sent.
     pub fn next_renewal_at(&self) -> Instant {
         match self.last_attempt {
@@ -359,6 +369,58 @@ impl Lease {
     pub fn fence_now(&mut self, now: Instant) {
         if self.fenced_at.is_none() {
             self.fenced_at = Some(now);
+        }
+    }
+}
+
+/// A lease's fence point, published for readers that must not wait for
+/// the lock around the lease's owner: the side-effect gate of every host
+/// import and the epoch callback of every running guest ask it on every
+/// check. The owner ([`crate::Coordinator`]) publishes after every change
+/// it makes to its lease, inside the same `&mut` call, so a reader never
+/// sees a lease as current after the owner has fenced it.
+///
+/// It holds the fence point as nanoseconds since the clock's origin, or 0
+/// when the lease is not current (pending or fenced); a fence point is
+/// never at the origin (it is at least `lease_ttl - fence_margin` after it).
+///
+/// ```
+/// use fief_core::lease::FenceGate;
+/// use fief_core::Instant;
+/// use std::time::Duration;
+///
+/// let gate = FenceGate::default();
+/// assert_eq!(gate.current_until(), None);
+/// let fence_point = Instant::from_origin(Duration::from_secs(4));
+/// gate.publish(Some(fence_point));
+/// // Current strictly before the fence point, never at or after it.
+/// let current = |now: Instant| gate.current_until().is_some_and(|until| now < until);
+/// assert!(current(fence_point - Duration::from_nanos(1)));
+/// assert!(!current(fence_point));
+/// gate.publish(None);
+/// assert!(!current(Instant::ZERO));
+/// ```
+#[derive(Debug, Default)]
+pub struct FenceGate(std::sync::atomic::AtomicU64);
+
+impl FenceGate {
+    /// Publish the lease's [`Lease::current_until`].
+    pub fn publish(&self, current_until: Option<Instant>) {
+        let nanos = current_until.map_or(0, |until| {
+            u64::try_from(until.since_origin().as_nanos())
+                .unwrap_or(u64::MAX)
+                .max(1)
+        });
+        self.0.store(nanos, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The published fence point; `None` if the lease is not current. Read
+    /// it *before* reading the clock to compare with, so that the reading is
+    /// never older than the fence point it is compared with.
+    pub fn current_until(&self) -> Option<Instant> {
+        match self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => None,
+            nanos => Some(Instant::from_origin(Duration::from_nanos(nanos))),
         }
     }
 }

@@ -41,7 +41,7 @@ pub mod time;
 pub use arbiter::{ArbiterState, LeaseId, Member, Term};
 pub use coordinator::Coordinator;
 pub use fence::{FenceBudget, OnFence};
-pub use lease::{Lease, LeaseStatus, LeaseTiming, RenewalCounts, TimingError};
+pub use lease::{FenceGate, Lease, LeaseStatus, LeaseTiming, RenewalCounts, TimingError};
 pub use ownership::{Assignment, NodeId, OwnershipTable, OwnershipToken, Route, RouteRefusal};
 pub use partition::{PartitionCount, PartitionId};
 pub use time::{Clock, Instant, ManualClock};
