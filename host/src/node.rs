@@ -536,6 +536,7 @@ impl NodeShared {
         timeout: Duration,
     ) -> Option<Result<Vec<u8>>> {
         for attempt in 0..2 {
+            let epoch = self.table().epoch();
             let Route::Forward { owner, .. } = self.route(key) else {
                 return None;
             };
@@ -544,7 +545,14 @@ impl NodeShared {
                 Err(e) => return Some(Err(e)),
             };
             match self.peers.request(&addr, request(), timeout).await {
-                Err(e) if attempt == 0 && stale_route(&e) && self.refresh_table().await => {
+                // Retry once the table is newer than the one this route was
+                // decided on, whether this refresh or the coordination loop
+                // (nudged by the same move) adopted it.
+                Err(e)
+                    if attempt == 0
+                        && stale_route(&e)
+                        && (self.refresh_table().await || self.table().epoch() > epoch) =>
+                {
                     continue;
                 }
                 result => return Some(result.map_err(|e| name_owner(e, &owner, &addr))),

@@ -477,9 +477,14 @@ async fn node_cut_from_postgres_fences_before_takeover() {
 }
 
 /// The `node fenced` line of a node's log: its timestamp (RFC 3339, the
-/// node's wall clock) and how many keys it killed.
+/// node's wall clock) and how many keys it killed. Only the node's own line
+/// (`fief::node: node fenced … killed=N`): a killed key's line, whose reason
+/// is "the node fenced", may come first, since the keys die on their own
+/// tasks while the fence, on the coordination thread, goes on to log.
 fn fence_log_line(log: &str) -> Option<(String, u64)> {
-    let line = log.lines().find(|l| l.contains("node fenced"))?;
+    let line = log
+        .lines()
+        .find(|l| l.contains("fief::node") && l.contains("node fenced"))?;
     let timestamp = line.split_whitespace().next()?.to_owned();
     let killed = line
         .split_whitespace()
@@ -983,7 +988,9 @@ async fn paused_node_acts_for_nothing_it_lost() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(
-        segment.contains("node fenced"),
+        segment
+            .lines()
+            .any(|l| l.contains("fief::node") && l.contains("node fenced")),
         "{owner_id} logged no fence after the resume:\n{segment}"
     );
     for line in segment.lines() {
