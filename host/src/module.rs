@@ -210,7 +210,13 @@ fn check_memories(bytes: &[u8], options: &ModuleOptions) -> Result<()> {
             Payload::MemorySection(reader) => {
                 for memory in reader {
                     let memory = memory.map_err(invalid)?;
-                    let initial = memory.initial.saturating_mul(u64::from(memory.page_size()));
+                    // `page_size()` would overflow on a bogus custom page
+                    // size (the parser takes a log2 up to 63; validation,
+                    // later, refuses it): compute it without overflow.
+                    let page = 1u64
+                        .checked_shl(memory.page_size_log2())
+                        .unwrap_or(u64::MAX);
+                    let initial = memory.initial.saturating_mul(page);
                     if initial > limit {
                         return Err(Error::InvalidModule(format!(
                             "the component's memory starts at {} ({} pages), over the module's \
@@ -352,6 +358,20 @@ pub(crate) fn compile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A custom page size of 2^40 bytes (log2 40, which the parser takes and
+    /// validation would refuse) must not overflow the memory check.
+    #[test]
+    fn a_bogus_custom_page_size_is_refused_not_a_panic() {
+        // A core module: one memory, flags 0x08 (custom page size), 1 page,
+        // page size log2 40.
+        let module = b"\0asm\x01\0\0\0\x05\x04\x01\x08\x01\x28";
+        let err = check_memories(module, &ModuleOptions::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("over the module's memory_limit"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn core_modules_and_garbage_are_told_apart() {
