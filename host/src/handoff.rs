@@ -102,28 +102,22 @@ impl HandoffStates {
     /// States received from a peer: each replaces any older one of its key.
     pub(crate) fn receive(&mut self, entries: Vec<HandoffEntry>) -> usize {
         let n = entries.len();
-        for entry in entries {
-            let waiting = Waiting {
-                partition: PartitionId(entry.partition),
-                basis: Basis::Sent {
-                    from: OwnershipToken(entry.token),
-                },
-                state: entry.state,
-            };
-            self.insert(entry.module, entry.key, waiting);
-        }
+        self.insert_all(entries, |token| Basis::Sent { from: token });
         n
     }
 
     /// States this node keeps for its own ownership of their partitions
     /// under the tokens the entries name (a move that failed).
     pub(crate) fn keep(&mut self, entries: Vec<HandoffEntry>) {
+        self.insert_all(entries, |token| Basis::Owned { token });
+    }
+
+    /// Insert `entries`, each waiting on the basis its token gives.
+    fn insert_all(&mut self, entries: Vec<HandoffEntry>, basis: impl Fn(OwnershipToken) -> Basis) {
         for entry in entries {
             let waiting = Waiting {
                 partition: PartitionId(entry.partition),
-                basis: Basis::Owned {
-                    token: OwnershipToken(entry.token),
-                },
+                basis: basis(OwnershipToken(entry.token)),
                 state: entry.state,
             };
             self.insert(entry.module, entry.key, waiting);

@@ -49,6 +49,20 @@ async fn keys_owned_by(c: &Cluster, i: usize, n: usize) -> Vec<String> {
     keys
 }
 
+/// Six counters owned by n0, each counted to 5; then n0 leaves and reports
+/// no state lost. The counters' names.
+async fn counters_at_five_on_n0(c: &Cluster) -> Vec<String> {
+    let keys = keys_owned_by(c, 0, 6).await;
+    for key in &keys {
+        for _ in 0..5 {
+            c.call(0, key, "incr").await.unwrap();
+        }
+    }
+    let report = leave(c, 0).await;
+    assert!(report.lost_states.is_empty(), "{report:?}");
+    keys
+}
+
 /// `n<i>` leaves while the clock moves on; its report.
 async fn leave(c: &Cluster, i: usize) -> LeaveReport {
     let leave = c.node(i).leave(Duration::from_secs(60));
@@ -178,14 +192,7 @@ async fn states_of_every_size_arrive_and_one_too_large_is_named() {
 async fn a_handed_off_state_waits_however_long_its_key_is_not_called() {
     let c = Cluster::start(2, &[("counter", guests::COUNTER)]).await;
     c.stabilize().await;
-    let keys = keys_owned_by(&c, 0, 6).await;
-    for key in &keys {
-        for _ in 0..5 {
-            c.call(0, key, "incr").await.unwrap();
-        }
-    }
-    let report = leave(&c, 0).await;
-    assert!(report.lost_states.is_empty(), "{report:?}");
+    let keys = counters_at_five_on_n0(&c).await;
     assert!(
         c.node(1).status().handoff_states >= keys.len(),
         "n1 holds the states for the keys it has not seen yet"
@@ -209,14 +216,7 @@ async fn a_handed_off_state_waits_however_long_its_key_is_not_called() {
 async fn a_state_not_yet_claimed_travels_on_with_the_next_move() {
     let c = Cluster::start(3, &[("counter", guests::COUNTER)]).await;
     c.stabilize().await;
-    let keys = keys_owned_by(&c, 0, 6).await;
-    for key in &keys {
-        for _ in 0..5 {
-            c.call(0, key, "incr").await.unwrap();
-        }
-    }
-    let report = leave(&c, 0).await;
-    assert!(report.lost_states.is_empty(), "{report:?}");
+    let keys = counters_at_five_on_n0(&c).await;
     let at_n1 = c.node(1).status().handoff_states;
     assert!(at_n1 > 0, "some of n0's partitions went to n1");
     assert!(leave(&c, 1).await.lost_states.is_empty());
