@@ -190,6 +190,17 @@ pub(crate) fn render(status: &Value) -> String {
         cache["evictions"],
         cache["ownership_drops"]
     );
+    for tenant in status["host_bytes"].as_array().into_iter().flatten() {
+        let name = match tenant["tenant"].as_str() {
+            Some("") | None => "modules of no tenant".to_owned(),
+            Some(t) => format!("tenant {t}"),
+        };
+        let _ = writeln!(
+            out,
+            "  host memory, {name}: {} of {} bytes; {} refused",
+            tenant["bytes"], tenant["limit"], tenant["refused"]
+        );
+    }
     for module in status["modules"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
@@ -231,7 +242,8 @@ mod tests {
             ],
             "cache": {}, "modules": [{"name": "counter", "version": 1, "live_keys": 2,
                 "size_bytes": 10, "options": {"on_fence": "terminate"}}],
-            "limbo": [{"module": "m", "key": "k"}]
+            "limbo": [{"module": "m", "key": "k"}],
+            "host_bytes": [{"tenant": "acme", "bytes": 2048, "limit": 4096, "refused": 3}]
         });
         let text = render(&status);
         assert!(text.contains("leader a (this node, term 4)"), "{text}");
@@ -240,5 +252,9 @@ mod tests {
         assert!(text.contains("[####----------------]"), "{text}");
         assert!(text.contains("in limbo: 1"), "{text}");
         assert!(text.contains("module counter v1"), "{text}");
+        assert!(
+            text.contains("host memory, tenant acme: 2048 of 4096 bytes; 3 refused"),
+            "{text}"
+        );
     }
 }

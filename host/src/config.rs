@@ -93,6 +93,12 @@ pub struct NodeConfig {
     /// `tenant/…`), at most `cache_max_bytes`: a tenant evicts only its own
     /// entries, so this keeps one tenant from holding the whole cache.
     pub cache_max_bytes_per_tenant: ByteSize,
+    /// Host memory the key processes of one tenant (the modules `tenant/…`;
+    /// modules of no tenant count as one) may make this node hold outside
+    /// their linear memories, together: queued messages, timer tags,
+    /// subscriptions, waiting handoff states ([`crate::host_bytes`]). Each
+    /// key is also held to its module's `max_host_bytes_per_key`.
+    pub max_host_bytes_per_tenant: ByteSize,
     /// A file holding the cluster secret (16 bytes or more, surrounding
     /// whitespace ignored): peers prove they know it before any request is
     /// served (see [`crate::transport`]). Every node of a cluster uses the
@@ -145,6 +151,8 @@ pub struct ModuleCeilings {
     pub max_subscriptions_per_key: u32,
     /// Most publications per second of one key.
     pub max_publishes_per_second: u32,
+    /// Most host memory one key may make the node hold.
+    pub max_host_bytes_per_key: ByteSize,
 }
 
 impl Default for ModuleCeilings {
@@ -157,6 +165,7 @@ impl Default for ModuleCeilings {
             max_timers_per_key: 65_536,
             max_subscriptions_per_key: 4096,
             max_publishes_per_second: 100_000,
+            max_host_bytes_per_key: ByteSize::gib(1),
         }
     }
 }
@@ -164,7 +173,8 @@ impl Default for ModuleCeilings {
 impl ModuleCeilings {
     /// The names [`ModuleCeilings::set`] takes.
     pub const NAMES: &'static str = "cpu_limit, idle_timeout, max_live_keys, mailbox_depth, \
-        max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second";
+        max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second, \
+        max_host_bytes_per_key";
 
     /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`).
     ///
@@ -183,6 +193,9 @@ impl ModuleCeilings {
             "max_timers_per_key" => self.max_timers_per_key = count()?,
             "max_subscriptions_per_key" => self.max_subscriptions_per_key = count()?,
             "max_publishes_per_second" => self.max_publishes_per_second = count()?,
+            "max_host_bytes_per_key" => {
+                self.max_host_bytes_per_key = value.parse().map_err(|e: String| bad(e))?;
+            }
             other => {
                 return Err(Error::Config(format!(
                     "unknown module ceiling {other:?}; known: {}",
@@ -228,6 +241,11 @@ impl ModuleCeilings {
             "max_publishes_per_second",
             o.max_publishes_per_second,
             self.max_publishes_per_second,
+        )?;
+        over(
+            "max_host_bytes_per_key",
+            o.max_host_bytes_per_key,
+            self.max_host_bytes_per_key,
         )
     }
 }
@@ -256,6 +274,7 @@ impl Default for NodeConfig {
             compile_cache: None,
             cache_max_bytes: ByteSize::mib(64),
             cache_max_bytes_per_tenant: ByteSize::mib(16),
+            max_host_bytes_per_tenant: ByteSize::mib(512),
             cluster_secret_file: None,
             peer_tls: None,
             module_ceilings: ModuleCeilings::default(),
@@ -330,6 +349,13 @@ impl NodeConfig {
                 "kill_bound ({:?}) must be at least two epoch ticks ({:?}): a running guest notices a kill at the next tick",
                 self.kill_bound,
                 self.epoch_tick * 2
+            ));
+        }
+        if self.max_host_bytes_per_tenant < self.max_message_size {
+            return bad(format!(
+                "max_host_bytes_per_tenant ({}) must be at least max_message_size ({}): a \
+                 tenant's key must be able to hold one message",
+                self.max_host_bytes_per_tenant, self.max_message_size
             ));
         }
         if self.cache_max_bytes_per_tenant.as_u64() < 4096 {
@@ -427,6 +453,12 @@ pub struct ModuleOptions {
     /// Publications one key may make per second (a token bucket with a burst
     /// of one second's worth); over it `publish` fails with `limit`.
     pub max_publishes_per_second: u32,
+    /// Host memory one key process may make the node hold on its behalf
+    /// outside its linear memory: queued messages, armed timers' tags,
+    /// subscriptions ([`crate::host_bytes`]). Past it a message to the key
+    /// is refused (429 `host_memory`), `send-after` and `subscribe` fail
+    /// with `limit`, a publication misses it. Default 32 MiB.
+    pub max_host_bytes_per_key: ByteSize,
     /// Log lines one key may make per second, over the `log` import, stdout
     /// and stderr together (a token bucket with a burst of ten seconds'
     /// worth); lines over it are dropped, counted in the metric
@@ -458,6 +490,7 @@ impl Default for ModuleOptions {
             max_reply_size: None,
             max_handoff_size: None,
             max_publishes_per_second: 1000,
+            max_host_bytes_per_key: ByteSize::mib(32),
             max_log_lines_per_second: crate::guest_log::DEFAULT_LOG_LINES_PER_SECOND,
             max_log_bytes_per_second: crate::guest_log::DEFAULT_LOG_BYTES_PER_SECOND,
             dir: None,
@@ -498,6 +531,14 @@ impl ModuleOptions {
             return bad("max_live_keys and mailbox_depth must be at least 1".to_owned());
         }
         node.module_ceilings.check(self)?;
+        let largest_message = self.max_message_size.unwrap_or(node.max_message_size);
+        if self.max_host_bytes_per_key < largest_message {
+            return bad(format!(
+                "max_host_bytes_per_key ({}) must be at least the largest message the module \
+                 takes ({largest_message}, max_message_size): a key must be able to hold one",
+                self.max_host_bytes_per_key
+            ));
+        }
         if self.idle_timeout.is_zero() {
             return bad("idle_timeout must be above zero".to_owned());
         }
@@ -595,12 +636,13 @@ impl ModuleOptions {
             "max_reply_size" => self.max_reply_size = Some(size(value)?),
             "max_handoff_size" => self.max_handoff_size = Some(size(value)?),
             "max_publishes_per_second" => self.max_publishes_per_second = count(value)?,
+            "max_host_bytes_per_key" => self.max_host_bytes_per_key = size(value)?,
             "max_log_lines_per_second" => self.max_log_lines_per_second = count(value)?,
             "max_log_bytes_per_second" => self.max_log_bytes_per_second = size(value)?,
             "dir" => self.dir = Some(value.parse().map_err(Error::InvalidOptions)?),
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_log_lines_per_second, max_log_bytes_per_second, dir"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir"
                 )));
             }
         }

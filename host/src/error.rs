@@ -117,6 +117,17 @@ pub enum Error {
         /// The mailbox depth.
         depth: usize,
     },
+    /// The key (or its tenant) holds as many bytes of host memory as it may:
+    /// the message was not queued.
+    #[error("key {key:?} of module {module:?} refused a message: {refusal}")]
+    HostMemory {
+        /// The module.
+        module: String,
+        /// The key.
+        key: String,
+        /// Which ledger was full, and its numbers.
+        refusal: crate::host_bytes::Refusal,
+    },
     /// The tenant already has a deploy compiling on this node.
     #[error(
         "tenant {tenant:?} already has a deploy compiling on this node (one at a time per tenant); retry when it finishes"
@@ -285,6 +296,7 @@ impl Error {
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::NotOwner { .. } => "not_owner",
             Error::Overloaded { .. } => "overloaded",
+            Error::HostMemory { .. } => "host_memory",
             Error::CompileBusy { .. } => "compile_busy",
             Error::TooManyKeys { .. } | Error::PoolFull { .. } => "too_many_keys",
             Error::InitRefused(_) => "init_refused",
@@ -328,6 +340,7 @@ impl Error {
             Error::Deadlock => 409,
             Error::MethodNotAllowed(_) => 405,
             Error::Overloaded { .. }
+            | Error::HostMemory { .. }
             | Error::TooManyKeys { .. }
             | Error::PoolFull { .. }
             | Error::CacheFull { .. }

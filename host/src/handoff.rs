@@ -26,6 +26,7 @@ use std::collections::HashMap;
 
 use fief_core::{NodeId, OwnershipTable, OwnershipToken, PartitionId};
 
+use crate::host_bytes::{Held, TenantLedgers};
 use crate::transport::HandoffEntry;
 
 /// Why a waiting state may (or may not) be given to a process here.
@@ -55,6 +56,10 @@ struct Waiting {
     partition: PartitionId,
     basis: Basis,
     state: Vec<u8>,
+    /// The state's bytes, charged to its tenant's host-memory ledger
+    /// whatever its limit: refusing a state that already exists would lose
+    /// it ([`crate::host_bytes`]).
+    _held: Held,
 }
 
 impl Waiting {
@@ -100,25 +105,35 @@ pub(crate) struct HandoffStates {
 
 impl HandoffStates {
     /// States received from a peer: each replaces any older one of its key.
-    pub(crate) fn receive(&mut self, entries: Vec<HandoffEntry>) -> usize {
+    pub(crate) fn receive(&mut self, entries: Vec<HandoffEntry>, ledgers: &TenantLedgers) -> usize {
         let n = entries.len();
-        self.insert_all(entries, |token| Basis::Sent { from: token });
+        self.insert_all(entries, ledgers, |token| Basis::Sent { from: token });
         n
     }
 
     /// States this node keeps for its own ownership of their partitions
     /// under the tokens the entries name (a move that failed).
-    pub(crate) fn keep(&mut self, entries: Vec<HandoffEntry>) {
-        self.insert_all(entries, |token| Basis::Owned { token });
+    pub(crate) fn keep(&mut self, entries: Vec<HandoffEntry>, ledgers: &TenantLedgers) {
+        self.insert_all(entries, ledgers, |token| Basis::Owned { token });
     }
 
     /// Insert `entries`, each waiting on the basis its token gives.
-    fn insert_all(&mut self, entries: Vec<HandoffEntry>, basis: impl Fn(OwnershipToken) -> Basis) {
+    fn insert_all(
+        &mut self,
+        entries: Vec<HandoffEntry>,
+        ledgers: &TenantLedgers,
+        basis: impl Fn(OwnershipToken) -> Basis,
+    ) {
         for entry in entries {
+            let tenant = crate::auth::tenant_of(&entry.module).unwrap_or("");
+            let held = ledgers
+                .of(tenant)
+                .force(entry.state.len() + entry.module.len() + entry.key.len());
             let waiting = Waiting {
                 partition: PartitionId(entry.partition),
                 basis: basis(OwnershipToken(entry.token)),
                 state: entry.state,
+                _held: held,
             };
             self.insert(entry.module, entry.key, waiting);
         }
@@ -272,6 +287,10 @@ mod tests {
     use super::*;
     use fief_core::PartitionCount;
 
+    fn ledgers() -> TenantLedgers {
+        TenantLedgers::new(usize::MAX)
+    }
+
     fn entry(key: &str, partition: u32, token: u64, state: &[u8]) -> HandoffEntry {
         HandoffEntry {
             module: "m".to_owned(),
@@ -301,7 +320,7 @@ mod tests {
         let (before, after, from) = tables();
         let b = NodeId::new("b");
         let mut states = HandoffStates::default();
-        states.receive(vec![entry("k", 0, from.0, b"5")]);
+        states.receive(vec![entry("k", 0, from.0, b"5")], &ledgers());
         // The table does not show the transfer yet: nothing, and it stays.
         assert_eq!(
             states.take_for_activation("m", "k", &before, &b),
@@ -321,7 +340,7 @@ mod tests {
         let (before, _, from) = tables();
         let b = NodeId::new("b");
         let mut states = HandoffStates::default();
-        states.receive(vec![entry("k", 0, from.0, b"5")]);
+        states.receive(vec![entry("k", 0, from.0, b"5")], &ledgers());
         // The partition went to b by the leader (an expiry), not by this
         // transfer: the state is old.
         let mut expired = before.clone();
@@ -331,7 +350,7 @@ mod tests {
         assert_eq!(state, None);
         assert_eq!(lost.map(|l| l.key), Some("k".to_owned()));
         // Or to a third node: dropped at the next sweep.
-        states.receive(vec![entry("k", 0, from.0, b"5")]);
+        states.receive(vec![entry("k", 0, from.0, b"5")], &ledgers());
         let mut elsewhere = before.clone();
         elsewhere.hand_over([(PartitionId(0), NodeId::new("c"))]);
         assert_eq!(states.sweep(&elsewhere, &b).len(), 1);
@@ -343,22 +362,28 @@ mod tests {
         let (before, after, from) = tables();
         let a = NodeId::new("a");
         let mut states = HandoffStates::default();
-        states.keep(vec![entry("k", 0, from.0, b"7"), entry("j", 1, 1, b"x")]);
+        states.keep(
+            vec![entry("k", 0, from.0, b"7"), entry("j", 1, 1, b"x")],
+            &ledgers(),
+        );
         let moving = [PartitionId(0)].into_iter().collect();
         // Only partition 0's state, under a's token (both have the same).
         let out = states.take_partitions(&moving, &before, &a);
         assert_eq!(out.len(), 1);
         assert_eq!((out[0].key.as_str(), out[0].token), ("k", from.0));
         // Once the table shows partition 0 gone, a kept state of it is stale.
-        states.keep(out);
+        states.keep(out, &ledgers());
         assert_eq!(states.sweep(&after, &a).len(), 1);
     }
 
     #[test]
     fn a_newer_state_replaces_an_older_one_and_bytes_add_up() {
         let mut states = HandoffStates::default();
-        states.receive(vec![entry("k", 0, 1, b"old-state")]);
-        states.receive(vec![entry("k", 0, 1, b"new"), entry("j", 0, 1, b"jj")]);
+        states.receive(vec![entry("k", 0, 1, b"old-state")], &ledgers());
+        states.receive(
+            vec![entry("k", 0, 1, b"new"), entry("j", 0, 1, b"jj")],
+            &ledgers(),
+        );
         assert_eq!(states.size(), (2, 5));
         assert_eq!(states.clear(), 2);
         assert_eq!(states.size(), (0, 0));

@@ -25,6 +25,7 @@ use crate::bindings::host::Host;
 use crate::bindings::types::{self, CacheError, CallError, EffectError, LogLevel};
 use crate::cache::{CacheOp, CacheOutcome, Expect, unexpected_outcome};
 use crate::error::Error;
+use crate::host_bytes::SUBSCRIPTION_OVERHEAD;
 use crate::key::{KeyCtx, arm_timer};
 use crate::pubsub::MAX_TOPIC_BYTES;
 
@@ -296,7 +297,8 @@ impl KeyCtx {
                 "a timer tag is at most {limit} bytes (max_message_size)"
             ))));
         }
-        Ok(Ok(arm_timer(self, Duration::from_millis(delay_ms), tag)))
+        Ok(arm_timer(self, Duration::from_millis(delay_ms), tag)
+            .map_err(|refusal| EffectError::Limit(refusal.to_string())))
     }
 
     fn subscribe_now(&mut self, topic: String) -> wasmtime::Result<Result<(), EffectError>> {
@@ -305,7 +307,7 @@ impl KeyCtx {
             return Ok(Err(e));
         }
         let topic = guest_scoped(&self.env.module, &topic);
-        if self.subscriptions.contains(&topic) {
+        if self.subscriptions.contains_key(&topic) {
             return Ok(Ok(()));
         }
         if self.subscriptions.len() >= self.env.max_subscriptions as usize {
@@ -314,6 +316,16 @@ impl KeyCtx {
                 self.subscriptions.len()
             ))));
         }
+        // The topic is held twice (here and in the node's topic table).
+        let held = match self
+            .env
+            .mailbox
+            .ledger()
+            .hold(SUBSCRIPTION_OVERHEAD + 2 * topic.len())
+        {
+            Ok(held) => held,
+            Err(refusal) => return Ok(Err(EffectError::Limit(refusal.to_string()))),
+        };
         node.pubsub.subscribe(
             &topic,
             &self.env.module,
@@ -321,13 +333,13 @@ impl KeyCtx {
             self.env.generation,
             self.env.mailbox.clone(),
         );
-        self.subscriptions.insert(topic);
+        self.subscriptions.insert(topic, held);
         Ok(Ok(()))
     }
 
     fn unsubscribe_now(&mut self, topic: &str) -> wasmtime::Result<()> {
         let topic = guest_scoped(&self.env.module, topic);
-        if self.subscriptions.remove(&topic)
+        if self.subscriptions.remove(&topic).is_some()
             && let Some(node) = self.env.node.upgrade()
         {
             node.pubsub

@@ -16,7 +16,7 @@
 //! has been dropped, so a fresh process for the key can only start once the
 //! old one is gone.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use fief_core::{OnFence, OwnershipToken, PartitionId};
 use tokio::sync::futures::Notified;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, StoreLimits, Trap, UpdateDeadline};
@@ -34,7 +34,9 @@ use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::error::{Error, Result};
 use crate::guest_log::{GuestLogger, LogLimits, MAX_GUEST_ERROR, bounded};
+use crate::host_bytes::{Held, Ledger};
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
+use crate::mailbox::{self, Mailbox, MailboxRx, Refused, WeakMailbox};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
 use crate::sandbox::PublishBucket;
@@ -334,6 +336,18 @@ impl Envelope {
         )
     }
 
+    /// The bytes of payload it makes the host hold while it waits in a
+    /// mailbox (charged to the key's host-memory ledger).
+    pub(crate) fn payload_bytes(&self) -> usize {
+        crate::host_bytes::MESSAGE_OVERHEAD
+            + match self {
+                Envelope::Call { message, .. } | Envelope::Cast { message } => message.len(),
+                Envelope::Info(Info::Timer(fired)) => fired.tag.len(),
+                Envelope::Info(Info::Published(p)) => p.topic.len() + p.payload.len(),
+                Envelope::Stop { .. } => 0,
+            }
+    }
+
     /// Answer the envelope's sender (if it has one) with `error`.
     fn fail(self, error: Error) {
         match self {
@@ -363,7 +377,7 @@ pub(crate) struct KeyEnv {
     pub(crate) key: Arc<str>,
     pub(crate) token: OwnershipToken,
     pub(crate) control: Arc<KeyControl>,
-    pub(crate) mailbox: mpsc::WeakSender<Envelope>,
+    pub(crate) mailbox: WeakMailbox,
     pub(crate) node: Weak<NodeShared>,
     pub(crate) generation: u64,
     pub(crate) on_fence: OnFence,
@@ -396,7 +410,8 @@ pub(crate) struct KeyCtx {
     death: Option<String>,
     pub(crate) timers: HashMap<u64, AbortHandle>,
     pub(crate) next_timer: u64,
-    pub(crate) subscriptions: BTreeSet<String>,
+    /// Each subscribed topic, with the host bytes it holds.
+    pub(crate) subscriptions: BTreeMap<String, Held>,
     /// The key's publish rate limit (`max_publishes_per_second`).
     pub(crate) publishes: PublishBucket,
 }
@@ -416,7 +431,7 @@ impl Drop for KeyCtx {
             timer.abort();
         }
         if let Some(node) = self.env.node.upgrade() {
-            for topic in std::mem::take(&mut self.subscriptions) {
+            for topic in std::mem::take(&mut self.subscriptions).into_keys() {
                 node.pubsub.unsubscribe(
                     &topic,
                     &self.env.module,
@@ -539,7 +554,7 @@ impl KeyProcess {
             death: None,
             timers: HashMap::new(),
             next_timer: 1,
-            subscriptions: BTreeSet::new(),
+            subscriptions: BTreeMap::new(),
             publishes: PublishBucket::new(options.max_publishes_per_second, node.clock.now()),
         };
         let mut store = Store::new(&node.runtime.engine, ctx);
@@ -754,7 +769,7 @@ fn first_line(text: &str) -> &str {
 
 /// A live key's entry in its module's table.
 pub(crate) struct KeyHandle {
-    tx: mpsc::Sender<Envelope>,
+    tx: Mailbox,
     process: Arc<ProcessCell>,
     control: Arc<KeyControl>,
     generation: u64,
@@ -788,6 +803,9 @@ pub struct LiveKey {
     /// When its process started.
     #[serde(with = "humantime_serde")]
     pub since: SystemTime,
+    /// Host memory the node holds for it outside its linear memory (queued
+    /// messages, timer tags, subscriptions), in bytes.
+    pub host_bytes: usize,
 }
 
 impl ModuleSlot {
@@ -836,6 +854,7 @@ impl ModuleSlot {
                 key: key.to_string(),
                 partition: h.partition.0,
                 since: h.started_at,
+                host_bytes: h.tx.ledger().used(),
             })
             .collect()
     }
@@ -854,17 +873,11 @@ impl ModuleSlot {
         let envelope = match keys.get(key) {
             Some(handle) => match handle.tx.try_send(envelope) {
                 Ok(()) => return Ok(()),
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    return Err(Error::Overloaded {
-                        module: self.name.to_string(),
-                        key: key.to_owned(),
-                        depth: handle.tx.max_capacity(),
-                    });
-                }
                 // The process is gone but its entry not yet removed: its
                 // task removes it under this lock right after the store is
                 // dropped, so it is safe to replace here.
-                Err(mpsc::error::TrySendError::Closed(envelope)) => envelope,
+                Err(Refused::Closed(envelope)) => envelope,
+                Err(refused) => return Err(refused.into_error(&self.name, key, &handle.tx)),
             },
             None => envelope,
         };
@@ -883,7 +896,12 @@ impl ModuleSlot {
         // leave test: a call routed just before the drain started a fresh
         // process after the handoff, and the key counted from 0 again).
         let handoff = node.admit_activation(&self.name, key, partition, token)?;
-        let (tx, rx) = mpsc::channel(options.mailbox_depth as usize);
+        let tenant = crate::auth::tenant_of(&self.name).unwrap_or("");
+        let ledger = Ledger::key(
+            &node.host_bytes.of(tenant),
+            usize::try_from(options.max_host_bytes_per_key.as_u64()).unwrap_or(usize::MAX),
+        );
+        let (tx, rx) = mailbox::channel(options.mailbox_depth as usize, ledger);
         let control = Arc::new(KeyControl::default());
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let env = Arc::new(KeyEnv {
@@ -899,8 +917,11 @@ impl ModuleSlot {
             max_subscriptions: options.max_subscriptions_per_key,
             max_handoff: node.max_handoff_size(options),
         });
-        tx.try_send(envelope)
-            .unwrap_or_else(|_| unreachable!("a new mailbox has room for one message"));
+        // A new mailbox has room for one message, but its bytes may pass the
+        // tenant's budget: then no process is started for it.
+        if let Err(refused) = tx.try_send(envelope) {
+            return Err(refused.into_error(&self.name, key, &tx));
+        }
         let process = Arc::new(ProcessCell::new(None));
         // The task holds the process from the start; callers go through the
         // mailbox until it has started.
@@ -1068,7 +1089,7 @@ impl ModuleSlot {
     }
 
     /// A live key's mailbox (its local handle on this node).
-    pub(crate) fn mailbox(&self, key: &str) -> Option<mpsc::Sender<Envelope>> {
+    pub(crate) fn mailbox(&self, key: &str) -> Option<Mailbox> {
         lock(&self.keys).get(key).map(|h| h.tx.clone())
     }
 
@@ -1095,8 +1116,8 @@ impl ModuleSlot {
         tokio::spawn(async move {
             // The key stopped on its own first (its process is gone, and
             // with it any state): there is nothing to hand on.
-            if let Err(mpsc::error::SendError(Envelope::Stop { reply, .. })) =
-                tx.send(Envelope::Stop { reason, reply }).await
+            if let Err(Envelope::Stop { reply, .. }) =
+                tx.send_uncharged(Envelope::Stop { reason, reply }).await
             {
                 let _ = reply.send(Ok(None));
             }
@@ -1118,7 +1139,7 @@ impl ModuleSlot {
 
     /// Retire an idle key: only if its mailbox is empty, under the lock every
     /// sender takes, so no message can slip in after the check.
-    fn retire_if_idle(&self, key: &str, generation: u64, rx: &mpsc::Receiver<Envelope>) -> bool {
+    fn retire_if_idle(&self, key: &str, generation: u64, rx: &MailboxRx) -> bool {
         let mut keys = lock(&self.keys);
         let idle = rx.is_empty() && keys.get(key).is_some_and(|h| h.generation == generation);
         if idle {
@@ -1179,7 +1200,7 @@ async fn run_key(
     slot: Arc<ModuleSlot>,
     module: Arc<CompiledModule>,
     env: Arc<KeyEnv>,
-    mut rx: mpsc::Receiver<Envelope>,
+    mut rx: MailboxRx,
     handoff: Option<Vec<u8>>,
     held: ProcessGuard,
 ) {
@@ -1427,7 +1448,7 @@ async fn hold<'a>(
 /// Take the next message out of the mailbox, setting `receiving` before it
 /// leaves the mailbox (see [`ModuleSlot::try_inline`]); the loop clears it
 /// once the message is processed.
-async fn receive(rx: &mut mpsc::Receiver<Envelope>, control: &KeyControl) -> Option<Envelope> {
+async fn receive(rx: &mut MailboxRx, control: &KeyControl) -> Option<Envelope> {
     std::future::poll_fn(|cx| {
         control.receiving.store(true, Ordering::SeqCst);
         let poll = rx.poll_recv(cx);
@@ -1537,11 +1558,23 @@ async fn dispatch(
     }
 }
 
-/// Arm a one-shot timer for the key whose store data is `ctx`; returns its id.
+/// Arm a one-shot timer for the key whose store data is `ctx`; returns its
+/// id, or the refusal if its tag would pass the key's (or its tenant's)
+/// host-memory budget.
 ///
 /// The timer is a task that puts a timer info in the key's mailbox; it is
-/// aborted when the key's store is dropped.
-pub(crate) fn arm_timer(ctx: &mut KeyCtx, delay: Duration, tag: Vec<u8>) -> u64 {
+/// aborted when the key's store is dropped. Its tag's bytes are charged
+/// while it is armed and travel with the info into the mailbox.
+pub(crate) fn arm_timer(
+    ctx: &mut KeyCtx,
+    delay: Duration,
+    tag: Vec<u8>,
+) -> std::result::Result<u64, crate::host_bytes::Refusal> {
+    let held = ctx
+        .env
+        .mailbox
+        .ledger()
+        .hold(crate::host_bytes::TIMER_OVERHEAD + tag.len())?;
     let id = ctx.next_timer;
     ctx.next_timer += 1;
     let mailbox = ctx.env.mailbox.clone();
@@ -1549,13 +1582,11 @@ pub(crate) fn arm_timer(ctx: &mut KeyCtx, delay: Duration, tag: Vec<u8>) -> u64 
     let task = tokio::spawn(async move {
         tokio::time::sleep(delay).await;
         let Some(tx) = mailbox.upgrade() else { return };
-        if tx
-            .try_send(Envelope::Info(Info::Timer(TimerFired { id, tag })))
-            .is_err()
-        {
+        let fired = Envelope::Info(Info::Timer(TimerFired { id, tag }));
+        if tx.try_send_held(fired, held).is_err() {
             tracing::warn!(%module, %key, timer = id, "timer dropped: the key's mailbox is full");
         }
     });
     ctx.timers.insert(id, task.abort_handle());
-    id
+    Ok(id)
 }

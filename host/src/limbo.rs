@@ -23,7 +23,8 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use wasmtime::Engine;
 
-use crate::key::{Envelope, KeyControl};
+use crate::key::KeyControl;
+use crate::mailbox::Mailbox;
 
 /// One survivor, as [`crate::Instance::limbo`] reports it.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -46,7 +47,7 @@ pub(crate) struct Survivor {
     pub(crate) entry: LimboEntry,
     pub(crate) generation: u64,
     pub(crate) control: Arc<KeyControl>,
-    pub(crate) mailbox: mpsc::Sender<Envelope>,
+    pub(crate) mailbox: Mailbox,
 }
 
 enum Command {
@@ -60,7 +61,7 @@ enum Command {
     Mailbox {
         module: String,
         key: String,
-        reply: oneshot::Sender<Option<mpsc::Sender<Envelope>>>,
+        reply: oneshot::Sender<Option<Mailbox>>,
     },
     Reap {
         partitions: BTreeSet<PartitionId>,
@@ -205,7 +206,7 @@ impl Limbo {
     }
 
     /// A survivor's mailbox (its local handle), if it is in limbo.
-    pub(crate) async fn mailbox(&self, module: &str, key: &str) -> Option<mpsc::Sender<Envelope>> {
+    pub(crate) async fn mailbox(&self, module: &str, key: &str) -> Option<Mailbox> {
         let (reply, rx) = oneshot::channel();
         let _ = self.commands.send(Command::Mailbox {
             module: module.to_owned(),

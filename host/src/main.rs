@@ -202,12 +202,17 @@ struct NodeArgs {
     /// Most live keys on this node.
     #[arg(long, env = "FIEF_MAX_LIVE_KEYS")]
     max_live_keys: Option<u32>,
+    /// Host memory one tenant's keys may make this node hold outside their
+    /// linear memories (queued messages, timer tags, subscriptions, waiting
+    /// handoff states), e.g. `512MiB` (the default).
+    #[arg(long, env = "FIEF_MAX_HOST_BYTES_PER_TENANT")]
+    max_host_bytes_per_tenant: Option<ByteSize>,
     /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
     /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
     /// asking for more is refused. Names: cpu_limit (default 10s),
     /// idle_timeout (24h), max_live_keys (1000000), mailbox_depth (65536),
     /// max_timers_per_key (65536), max_subscriptions_per_key (4096),
-    /// max_publishes_per_second (100000).
+    /// max_publishes_per_second (100000), max_host_bytes_per_key (1GiB).
     #[arg(
         long = "module-ceiling",
         env = "FIEF_MODULE_CEILINGS",
@@ -394,6 +399,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         partitions,
         max_message_size,
         max_live_keys,
+        max_host_bytes_per_tenant,
         http_header_read_timeout,
         http_idle_timeout
     );

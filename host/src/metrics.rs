@@ -105,6 +105,9 @@ struct Gauges {
     limbo: Gauge,
     cache_entries: Gauge,
     cache_bytes: Gauge,
+    host_bytes: Family<Labels1, Gauge>,
+    host_bytes_limit: Family<Labels1, Gauge>,
+    host_bytes_refused: Family<Labels1, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -264,6 +267,21 @@ impl Metrics {
             "cache_bytes",
             "Bytes charged to the coherent cache's entries",
             gauges.cache_bytes.clone(),
+        );
+        r.register(
+            "host_bytes",
+            "Host memory held for a tenant's keys outside their linear memories (queued messages, timer tags, subscriptions, waiting handoff states), by tenant (\"\": modules of no tenant)",
+            gauges.host_bytes.clone(),
+        );
+        r.register(
+            "host_bytes_limit",
+            "The tenant's host-memory budget on this node (max_host_bytes_per_tenant)",
+            gauges.host_bytes_limit.clone(),
+        );
+        r.register(
+            "host_bytes_refused",
+            "Messages, timers, subscriptions and publications refused because the tenant's host-memory budget was full, by tenant",
+            gauges.host_bytes_refused.clone(),
         );
         Metrics {
             registry,
@@ -491,6 +509,19 @@ pub(crate) fn render(metrics: &Metrics, status: &Status, extra: &Extra) -> Strin
     g.limbo.set(int(extra.limbo as u64));
     g.cache_entries.set(int(status.cache.entries));
     g.cache_bytes.set(int(status.cache.bytes));
+    for tenant in &status.host_bytes {
+        let label = [("tenant", tenant.tenant.clone())];
+        g.host_bytes
+            .get_or_create(&label)
+            .set(int(tenant.bytes as u64));
+        g.host_bytes_limit
+            .get_or_create(&label)
+            .set(int(tenant.limit as u64));
+        g.host_bytes_refused
+            .get_or_create(&label)
+            .inner()
+            .store(tenant.refused, Ordering::Relaxed);
+    }
     let set_counter = |family: &Family<Labels1, Counter>, label: &'static str, v: &str, n: u64| {
         family
             .get_or_create(&[(label, v.to_owned())])

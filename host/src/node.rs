@@ -40,6 +40,7 @@ use crate::dedicated::DedicatedRuntime;
 use crate::error::{Error, Result};
 use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
 use crate::handoff::{HandoffStates, LostState};
+use crate::host_bytes::TenantLedgers;
 use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock};
 use crate::limbo::{Limbo, LimboEntry};
 use crate::pubsub::PubSub;
@@ -86,6 +87,8 @@ pub(crate) struct NodeShared {
     /// Handoff states waiting for their keys' next process here: received
     /// from a previous owner, or kept after a move out failed.
     handoffs: Mutex<HandoffStates>,
+    /// Host memory held for each tenant's keys ([`crate::host_bytes`]).
+    pub(crate) host_bytes: TenantLedgers,
     /// States a leave in progress could not hand on, for its report.
     leave_losses: Mutex<Vec<LostState>>,
     /// Serializes graceful moves out of this node.
@@ -443,7 +446,7 @@ impl NodeShared {
                     // the transfer did commit, the table will show them stale
                     // here, and the target has its copies.
                     self.metrics.handoff_states("kept", entries.len());
-                    lock(&self.handoffs).keep(entries);
+                    lock(&self.handoffs).keep(entries, &self.host_bytes);
                 }
             }
             let mut draining = lock(&self.draining);
@@ -729,7 +732,7 @@ impl NodeShared {
                     .map(|()| Vec::new())
             }
             PeerRequest::Handoff { entries } => {
-                let n = lock(&self.handoffs).receive(entries);
+                let n = lock(&self.handoffs).receive(entries, &self.host_bytes);
                 self.metrics.handoff_states("received", n);
                 Ok(Vec::new())
             }
@@ -972,6 +975,9 @@ pub struct Status {
     pub handoff_states: usize,
     /// Their bytes.
     pub handoff_bytes: usize,
+    /// Host memory held for each tenant's keys here (queued messages, timer
+    /// tags, subscriptions, waiting handoff states), with its budget.
+    pub host_bytes: Vec<crate::host_bytes::TenantHostBytes>,
     /// How many times this node has fenced.
     pub fences: u64,
     /// Whether the node is leaving the cluster.
@@ -1107,6 +1113,8 @@ impl InstanceBuilder {
             usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
         let cache_tenant_max_bytes =
             usize::try_from(config.cache_max_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
+        let host_bytes_per_tenant =
+            usize::try_from(config.max_host_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
         let coordinator = Coordinator::new(timing);
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
@@ -1138,6 +1146,7 @@ impl InstanceBuilder {
             draining: Mutex::new(BTreeSet::new()),
             unsure: Mutex::new(BTreeMap::new()),
             handoffs: Mutex::new(HandoffStates::default()),
+            host_bytes: TenantLedgers::new(host_bytes_per_tenant),
             leave_losses: Mutex::new(Vec::new()),
             moving: tokio::sync::Mutex::new(()),
             leaving: std::sync::atomic::AtomicBool::new(false),
@@ -1358,6 +1367,7 @@ impl Instance {
                 .len(),
             handoff_states: handoffs.0,
             handoff_bytes: handoffs.1,
+            host_bytes: shared.host_bytes.report(),
             fences: *lock(&shared.fences),
             leaving: shared.leaving.load(std::sync::atomic::Ordering::SeqCst),
             nodes: shared
@@ -1519,11 +1529,9 @@ impl Instance {
             reply,
             via: Via::LocalHandle,
         };
-        mailbox.try_send(envelope).map_err(|_| Error::Overloaded {
-            module: module.to_owned(),
-            key: key.to_owned(),
-            depth: mailbox.max_capacity(),
-        })?;
+        mailbox
+            .try_send(envelope)
+            .map_err(|refused| refused.into_error(module, key, &mailbox))?;
         let timeout = shared.config.call_timeout;
         match tokio::time::timeout(timeout, rx).await {
             Err(_) => Err(Error::Timeout(timeout)),

@@ -5,16 +5,16 @@
 //! key *process* (module, key, generation): it is removed when that process's
 //! store is dropped, so a dead process never receives anything. Delivery is
 //! best effort, like every Fief message (guarantee 4): a subscriber whose
-//! mailbox is full misses the publication, and the publisher's count says how
-//! many got it. Publications reach subscribers on the same node.
+//! mailbox is full, or who holds its whole host-memory budget
+//! ([`crate::host_bytes`]), misses the publication, and the publisher's count
+//! says how many got it. Publications reach subscribers on the same node.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
-
 use crate::bindings::types::{Info, Publication};
 use crate::key::{Envelope, lock};
+use crate::mailbox::WeakMailbox;
 
 /// Longest topic name, in bytes.
 pub const MAX_TOPIC_BYTES: usize = 256;
@@ -29,7 +29,7 @@ struct Subscriber {
 /// The topics of one node.
 #[derive(Default)]
 pub(crate) struct PubSub {
-    topics: Mutex<HashMap<String, HashMap<Subscriber, mpsc::WeakSender<Envelope>>>>,
+    topics: Mutex<HashMap<String, HashMap<Subscriber, WeakMailbox>>>,
 }
 
 impl PubSub {
@@ -39,7 +39,7 @@ impl PubSub {
         module: &Arc<str>,
         key: &Arc<str>,
         generation: u64,
-        mailbox: mpsc::WeakSender<Envelope>,
+        mailbox: WeakMailbox,
     ) {
         let subscriber = Subscriber {
             module: module.clone(),

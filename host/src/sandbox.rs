@@ -154,6 +154,8 @@ pub struct TenantLimits {
     pub max_handoff_size: Option<ByteSize>,
     /// Cap on `max_publishes_per_second`.
     pub max_publishes_per_second: Option<u32>,
+    /// Cap on `max_host_bytes_per_key`.
+    pub max_host_bytes_per_key: Option<ByteSize>,
     /// Cap on `max_log_lines_per_second`.
     pub max_log_lines_per_second: Option<u32>,
     /// Cap on `max_log_bytes_per_second`.
@@ -197,6 +199,9 @@ impl TenantLimits {
         );
         if let Some(cap) = self.max_log_bytes_per_second {
             o.max_log_bytes_per_second = o.max_log_bytes_per_second.min(cap);
+        }
+        if let Some(cap) = self.max_host_bytes_per_key {
+            o.max_host_bytes_per_key = o.max_host_bytes_per_key.min(cap);
         }
         o.max_message_size = min_size(o.max_message_size, self.max_message_size);
         o.max_reply_size = min_size(o.max_reply_size, self.max_reply_size);
@@ -258,6 +263,11 @@ impl TenantLimits {
             "max_publishes_per_second",
             o.max_publishes_per_second,
             self.max_publishes_per_second,
+        )?;
+        over(
+            "max_host_bytes_per_key",
+            o.max_host_bytes_per_key,
+            self.max_host_bytes_per_key,
         )?;
         over(
             "max_log_lines_per_second",
@@ -361,6 +371,13 @@ impl ModuleOptions {
             (
                 "max_publishes_per_second",
                 self.max_publishes_per_second.to_string(),
+            ),
+            (
+                "max_host_bytes_per_key",
+                format!(
+                    "{} (queued messages, timer tags, subscriptions)",
+                    self.max_host_bytes_per_key
+                ),
             ),
             (
                 "max_log_lines_per_second",

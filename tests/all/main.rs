@@ -15,6 +15,7 @@ mod deploy;
 mod fence_modes;
 mod handoff;
 mod host_imports;
+mod host_memory;
 mod hostile;
 mod hostile_logs;
 mod http_cli;

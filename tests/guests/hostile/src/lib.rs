@@ -15,6 +15,8 @@
 //! | `recurse`                | recurses without bound                                      |
 //! | `reply <n>`              | replies `n` bytes of `x`                                    |
 //! | `timers`                 | arms 1-hour timers until refused; replies `<count> <error>` |
+//! | `big-timers <n>`         | arms 1-hour timers with `n`-byte tags until refused; replies `<count> <error>` |
+//! | `sleep <ms>`             | blocks (a WASI pollable, no CPU) for `ms` milliseconds; replies `slept` |
 //! | `publish-flood`          | publishes to `hostile:flood` until refused; replies `<count> <error>` |
 //! | `call-self`              | calls itself; replies `error: <CallError>` or the reply      |
 //! | `call <module> <key> <msg...>` | calls that key (1 s timeout); replies its reply or `error: <CallError>` |
@@ -79,6 +81,18 @@ impl Hostile {
         let mut armed: u64 = 0;
         loop {
             match host::send_after(Duration::from_secs(3600), b"flood") {
+                Ok(_) => armed += 1,
+                Err(error) => return format!("{armed} {error}"),
+            }
+        }
+    }
+
+    /// Arm hour-long timers with `size`-byte tags until the host refuses.
+    fn arm_big_timers(size: usize) -> String {
+        let tag = vec![b't'; size];
+        let mut armed: u64 = 0;
+        loop {
+            match host::send_after(Duration::from_secs(3600), &tag) {
                 Ok(_) => armed += 1,
                 Err(error) => return format!("{armed} {error}"),
             }
@@ -214,6 +228,17 @@ impl Key for Hostile {
                 vec![b'x'; n]
             }
             "timers" => Self::arm_timers().into_bytes(),
+            "big-timers" => match args.parse() {
+                Ok(size) => Self::arm_big_timers(size).into_bytes(),
+                Err(_) => format!("hostile: expected a tag size, got {args:?}").into_bytes(),
+            },
+            // Block (not spin) for `args` milliseconds: the key is busy and
+            // its mailbox fills.
+            "sleep" => {
+                let ms: u64 = args.parse().unwrap_or(0);
+                wasip2::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
+                b"slept".to_vec()
+            }
             "publish-flood" => Self::flood().into_bytes(),
             "call-self" => {
                 let (module, key) = (host::self_module(), host::self_key());
