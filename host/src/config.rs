@@ -93,6 +93,10 @@ pub struct NodeConfig {
     /// `tenant/…`), at most `cache_max_bytes`: a tenant evicts only its own
     /// entries, so this keeps one tenant from holding the whole cache.
     pub cache_max_bytes_per_tenant: ByteSize,
+    /// Bound on the coherent cache's entries of one namespace, at most its
+    /// tenant's bound: past it a put evicts only that namespace's own
+    /// entries, so one namespace cannot push out its siblings'.
+    pub cache_max_bytes_per_namespace: ByteSize,
     /// Host memory the key processes of one tenant (the modules `tenant/…`;
     /// modules of no tenant count as one) may make this node hold outside
     /// their linear memories, together: queued messages, timer tags,
@@ -274,6 +278,7 @@ impl Default for NodeConfig {
             compile_cache: None,
             cache_max_bytes: ByteSize::mib(64),
             cache_max_bytes_per_tenant: ByteSize::mib(16),
+            cache_max_bytes_per_namespace: ByteSize::mib(16),
             max_host_bytes_per_tenant: ByteSize::mib(512),
             cluster_secret_file: None,
             peer_tls: None,
@@ -356,6 +361,12 @@ impl NodeConfig {
                 "max_host_bytes_per_tenant ({}) must be at least max_message_size ({}): a \
                  tenant's key must be able to hold one message",
                 self.max_host_bytes_per_tenant, self.max_message_size
+            ));
+        }
+        if self.cache_max_bytes_per_namespace.as_u64() < 4096 {
+            return bad(format!(
+                "cache_max_bytes_per_namespace ({}) must be at least 4 KiB",
+                self.cache_max_bytes_per_namespace
             ));
         }
         if self.cache_max_bytes_per_tenant.as_u64() < 4096 {

@@ -1113,6 +1113,8 @@ impl InstanceBuilder {
             usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
         let cache_tenant_max_bytes =
             usize::try_from(config.cache_max_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
+        let cache_namespace_max_bytes =
+            usize::try_from(config.cache_max_bytes_per_namespace.as_u64()).unwrap_or(usize::MAX);
         let host_bytes_per_tenant =
             usize::try_from(config.max_host_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
         let coordinator = Coordinator::new(timing);
@@ -1155,7 +1157,11 @@ impl InstanceBuilder {
             route_delay_ms: std::sync::atomic::AtomicU64::new(0),
             fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
-            cache: Mutex::new(CacheStore::new(cache_max_bytes, cache_tenant_max_bytes)),
+            cache: Mutex::new(CacheStore::new(
+                cache_max_bytes,
+                cache_tenant_max_bytes,
+                cache_namespace_max_bytes,
+            )),
             metrics: crate::metrics::Metrics::new(),
         });
         // Builder modules go through the module store like any deploy; then

@@ -1,164 +1,32 @@
-//! The coherent single-owner cache: `get`/`put`/`delete` of byte values by
-//! `(namespace, key)`, held and written only by the owner of the key's
-//! partition.
+//! The cache's entries on their owner: pure bookkeeping (no I/O, no clock
+//! reads; the caller passes `now`), tested directly.
 //!
-//! A cache key hashes to a partition exactly like a key process of the same
-//! key, so a key's cache entries live beside its process. Every operation
-//! routes to the partition's owner (forwarded over the transport if need be),
-//! and the owner re-checks that it owns the partition before it reads or
-//! writes: one writer per key, and a client reads its own writes.
-//!
-//! Entries never outlive an ownership change. Each entry remembers the
-//! ownership token it was written under, and is served only while the node
-//! still owns its partition under that same token; the node also drops
-//! entries eagerly when it fences (all of them) and when its table changes
-//! (those of partitions it no longer owns under the same token). So a fence,
-//! a handoff or a takeover empties the partition's cache instead of letting a
-//! stale value survive.
-//!
-//! Versions make read-modify-write safe: every write gets a version that is
-//! higher than any version the partition ever had (`token << 32 | sequence`,
-//! and tokens strictly increase at every change of owner), so a
-//! compare-and-set against a version read before an ownership change can
-//! never succeed against a value written after it.
-//!
-//! The store is bounded in bytes per node and per tenant, and evicts least
-//! recently used entries, but only the writer's own: a tenant's put evicts
-//! only that tenant's entries (its namespaces are `tenant/…`), and is
-//! refused when the room it needs is held by others. Entries may carry a
-//! time-to-live judged on the node's clock.
+//! It owns versions (`token << 32 | sequence` per partition), expiry, and
+//! the bounds: bytes per node, per tenant and per namespace, each entry
+//! charged for its namespace, key, value and [`ENTRY_OVERHEAD`]. Least
+//! recently used entries are evicted, but only the writer namespace's own:
+//! a put never evicts another namespace's entries (another tenant's or the
+//! same tenant's), and is refused (`cache_full`) when the room it needs is
+//! held by others. It must not route, lock or wait: [`super`] does that.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use fief_core::time::Instant;
-use fief_core::{OwnershipToken, PartitionId, Route};
+use fief_core::{OwnershipToken, PartitionId};
 use lru::LruCache;
-use serde::{Deserialize, Serialize};
 
-use crate::config::validate_key;
+use super::{CacheEntry, CacheOp, CacheOutcome, CacheStats, Expect};
 use crate::error::{Error, Result};
-use crate::key::lock;
-use crate::node::{NodeShared, refused};
-use crate::transport::PeerRequest;
-
-/// Longest cache namespace, in bytes.
-pub const MAX_CACHE_NAMESPACE_BYTES: usize = 128;
 
 /// Bytes charged per entry on top of its namespace, key and value (the
 /// store's own bookkeeping), so many tiny entries still respect the bound.
 const ENTRY_OVERHEAD: usize = 96;
 
-/// A cached value and its version.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CacheEntry {
-    /// The value, as put.
-    pub value: Vec<u8>,
-    /// Its version: strictly increasing over every write of the partition,
-    /// across owners. Never 0.
-    pub version: u64,
-    /// Time left before it expires, if it was put with a time-to-live.
-    pub expires_in: Option<Duration>,
-}
-
-/// The precondition of a write.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Expect {
-    /// Write whatever is there.
-    #[default]
-    Any,
-    /// Write only if there is no entry (`If-None-Match: *`).
-    Absent,
-    /// Write only if the entry's version is this one (`If-Match`).
-    Version(u64),
-}
-
-/// Options of [`Cache::put`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PutOptions {
-    /// Drop the entry after this long (judged on the owner's clock).
-    pub ttl: Option<Duration>,
-    /// The write's precondition.
-    pub expect: Expect,
-}
-
-/// Counters of one node's cache store (the entries this node owns).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CacheStats {
-    /// Reads that found a live entry.
-    pub hits: u64,
-    /// Reads that found none.
-    pub misses: u64,
-    /// Entries evicted to respect the memory bound.
-    pub evictions: u64,
-    /// Entries dropped because their time-to-live ran out.
-    pub expirations: u64,
-    /// Entries dropped because their partition changed owner or the node
-    /// fenced.
-    pub ownership_drops: u64,
-    /// Entries held now.
-    pub entries: u64,
-    /// Bytes charged now (values, names and bookkeeping).
-    pub bytes: u64,
-    /// The bound on `bytes` (`cache_max_bytes`).
-    pub max_bytes: u64,
-}
-
-/// One cache operation, as routed to the owner.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) enum CacheOp {
-    Get {
-        namespace: String,
-        key: String,
-    },
-    Put {
-        namespace: String,
-        key: String,
-        value: Vec<u8>,
-        ttl_ms: Option<u64>,
-        expect: Expect,
-    },
-    Delete {
-        namespace: String,
-        key: String,
-        expect: Expect,
-    },
-}
-
-impl CacheOp {
-    fn key(&self) -> &str {
-        let (CacheOp::Get { key, .. } | CacheOp::Put { key, .. } | CacheOp::Delete { key, .. }) =
-            self;
-        key
-    }
-}
-
-/// What the owner answers to a [`CacheOp`] (sent back over the transport).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum CacheOutcome {
-    Found(Option<CacheEntry>),
-    Written {
-        version: u64,
-    },
-    Deleted(bool),
-    /// The precondition did not hold; carries the current version.
-    Conflict {
-        current: Option<u64>,
-    },
-}
-
-impl CacheOutcome {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("cache outcomes always serialize")
-    }
-
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
-        postcard::from_bytes(bytes)
-            .map_err(|e| Error::Internal(format!("a peer sent a malformed cache reply: {e}")))
-    }
-}
-
 struct Stored {
+    /// When it was last read or written, on the store's use counter: the
+    /// oldest head among a tenant's namespaces is its least recently used.
+    used: u64,
     value: Vec<u8>,
     version: u64,
     partition: PartitionId,
@@ -172,8 +40,7 @@ impl Stored {
     }
 }
 
-/// One writer's entries (a tenant's, or those outside any tenant), least
-/// recently used first out.
+/// One namespace's entries, least recently used first out.
 #[derive(Default)]
 struct Pool {
     entries: Option<LruCache<(String, String), Stored>>,
@@ -196,10 +63,22 @@ fn owner_of(namespace: &str) -> &str {
     namespace.split_once('/').map_or("", |(tenant, _)| tenant)
 }
 
+/// What one tenant (or the namespaces outside tenants, `""`) holds.
+#[derive(Default)]
+struct Tally {
+    bytes: usize,
+    namespaces: std::collections::BTreeSet<String>,
+}
+
 /// The entries this node holds as owner. Pure bookkeeping: no I/O, no
 /// clock reads (the caller passes `now`), so it is tested directly.
 pub(crate) struct CacheStore {
-    pools: std::collections::HashMap<String, Pool>,
+    /// By namespace.
+    pools: HashMap<String, Pool>,
+    /// By owner of the namespace (see [`owner_of`]).
+    owners: HashMap<String, Tally>,
+    /// The use counter (see [`Stored::used`]).
+    uses: u64,
     /// Per partition: the token of the current ownership and the last
     /// sequence number issued under it.
     sequences: std::collections::HashMap<PartitionId, (OwnershipToken, u32)>,
@@ -207,19 +86,28 @@ pub(crate) struct CacheStore {
     max_bytes: usize,
     /// The bound on one tenant's entries (not on those outside tenants).
     tenant_max_bytes: usize,
+    /// The bound on one namespace's entries.
+    namespace_max_bytes: usize,
     stats: CacheStats,
 }
 
 impl CacheStore {
-    /// An empty store bounded to `max_bytes`, and to `tenant_max_bytes` for
-    /// each tenant's entries.
-    pub(crate) fn new(max_bytes: usize, tenant_max_bytes: usize) -> Self {
+    /// An empty store bounded to `max_bytes`, to `tenant_max_bytes` for each
+    /// tenant's entries and to `namespace_max_bytes` for each namespace's.
+    pub(crate) fn new(
+        max_bytes: usize,
+        tenant_max_bytes: usize,
+        namespace_max_bytes: usize,
+    ) -> Self {
         CacheStore {
-            pools: std::collections::HashMap::new(),
-            sequences: std::collections::HashMap::new(),
+            pools: HashMap::new(),
+            owners: HashMap::new(),
+            uses: 0,
+            sequences: HashMap::new(),
             bytes: 0,
             max_bytes,
             tenant_max_bytes: tenant_max_bytes.min(max_bytes),
+            namespace_max_bytes: namespace_max_bytes.min(max_bytes),
             stats: CacheStats::default(),
         }
     }
@@ -231,6 +119,16 @@ impl CacheStore {
         } else {
             self.tenant_max_bytes
         }
+    }
+
+    /// The bound on the entries of `namespace` (never above its owner's).
+    fn namespace_limit(&self, owner: &str) -> usize {
+        self.namespace_max_bytes.min(self.limit_of(owner))
+    }
+
+    fn next_use(&mut self) -> u64 {
+        self.uses += 1;
+        self.uses
     }
 
     /// Apply `op` as owner of `partition` under `token`, at `now`.
@@ -271,26 +169,28 @@ impl CacheStore {
                 }
                 let charge = Stored::charge(&id.0, &id.1, &value);
                 let owner = owner_of(&id.0).to_owned();
-                let limit = self.limit_of(&owner);
+                let limit = self.namespace_limit(&owner);
                 if charge > limit {
                     return Err(Error::CacheEntryTooLarge {
                         size: charge,
                         limit,
                     });
                 }
-                // The room this put needs may come only from the writer's
-                // own entries: refused, before anything changes, when the
-                // rest of the bound is held by others.
-                let pool = self.pools.entry(owner.clone()).or_default();
-                let replaced = pool
-                    .entries()
-                    .peek(&id)
+                // The room this put needs may come only from the writer
+                // tenant's own entries (its namespace's first): refused,
+                // before anything changes, when the rest of the bound is
+                // held by others. A namespace over its own bound frees room
+                // from its own entries, which are the tenant's too.
+                let replaced = self
+                    .pools
+                    .get(&id.0)
+                    .and_then(|pool| pool.entries.as_ref()?.peek(&id))
                     .map_or(0, |old| Stored::charge(&id.0, &id.1, &old.value));
-                let own_others = pool.bytes - replaced;
-                let must_free = (own_others + charge)
-                    .saturating_sub(limit)
+                let tenant_others = self.owners.get(&owner).map_or(0, |t| t.bytes) - replaced;
+                let must_free = (tenant_others + charge)
+                    .saturating_sub(self.limit_of(&owner))
                     .max((self.bytes - replaced + charge).saturating_sub(self.max_bytes));
-                if must_free > own_others {
+                if must_free > tenant_others {
                     return Err(Error::CacheFull {
                         size: charge,
                         limit: self.max_bytes,
@@ -301,11 +201,19 @@ impl CacheStore {
                     .map(|ms| Instant::from_origin(now.since_origin() + Duration::from_millis(ms)));
                 self.remove(&id);
                 self.bytes += charge;
-                let pool = self.pools.entry(owner.clone()).or_default();
+                let tally = self.owners.entry(owner.clone()).or_default();
+                tally.bytes += charge;
+                if !tally.namespaces.contains(&id.0) {
+                    tally.namespaces.insert(id.0.clone());
+                }
+                let used = self.next_use();
+                let namespace = id.0.clone();
+                let pool = self.pools.entry(namespace.clone()).or_default();
                 pool.bytes += charge;
                 pool.entries().push(
                     id,
                     Stored {
+                        used,
                         value,
                         version,
                         partition,
@@ -313,7 +221,7 @@ impl CacheStore {
                         expires_at,
                     },
                 );
-                self.evict_to_bound(&owner);
+                self.evict_to_bound(&namespace, &owner);
                 Ok(CacheOutcome::Written { version })
             }
             CacheOp::Delete {
@@ -339,7 +247,7 @@ impl CacheStore {
         token: OwnershipToken,
         now: Instant,
     ) -> Option<&Stored> {
-        let pool = self.pools.get_mut(owner_of(&id.0))?;
+        let pool = self.pools.get_mut(&id.0)?;
         let dead = match pool.entries().peek(id) {
             None => return None,
             Some(stored) if stored.token != token => Some(false),
@@ -356,7 +264,12 @@ impl CacheStore {
                 }
                 None
             }
-            None => self.pools.get_mut(owner_of(&id.0))?.entries().get(id),
+            None => {
+                let used = self.next_use();
+                let stored = self.pools.get_mut(&id.0)?.entries().get_mut(id)?;
+                stored.used = used;
+                Some(stored)
+            }
         }
     }
 
@@ -383,34 +296,77 @@ impl CacheStore {
     }
 
     fn remove(&mut self, id: &(String, String)) -> bool {
-        let Some(pool) = self.pools.get_mut(owner_of(&id.0)) else {
+        let Some(stored) = self.pools.get_mut(&id.0).and_then(|p| p.entries().pop(id)) else {
             return false;
         };
-        match pool.entries().pop(id) {
-            Some(stored) => {
-                let charge = Stored::charge(&id.0, &id.1, &stored.value);
-                self.bytes -= charge;
-                pool.bytes -= charge;
-                true
+        self.uncharge(id, &stored);
+        true
+    }
+
+    /// Take `stored` (just popped from its namespace's pool) off the books;
+    /// an emptied namespace is forgotten.
+    fn uncharge(&mut self, id: &(String, String), stored: &Stored) {
+        let charge = Stored::charge(&id.0, &id.1, &stored.value);
+        self.bytes -= charge;
+        let owner = owner_of(&id.0);
+        let pool = self.pools.get_mut(&id.0).expect("the entry's pool");
+        pool.bytes -= charge;
+        let emptied = pool.len() == 0;
+        if emptied {
+            self.pools.remove(&id.0);
+        }
+        if let Some(tally) = self.owners.get_mut(owner) {
+            tally.bytes -= charge;
+            if emptied {
+                tally.namespaces.remove(&id.0);
             }
-            None => false,
+            if tally.namespaces.is_empty() {
+                self.owners.remove(owner);
+            }
         }
     }
 
-    /// Evict `owner`'s least recently used entries until both its bound and
-    /// the store's hold (the caller checked that its own entries suffice).
-    fn evict_to_bound(&mut self, owner: &str) {
+    /// Evict least recently used entries of `owner` until every bound holds
+    /// (the caller checked that the owner's entries suffice): first
+    /// `namespace`'s own while it is over its bound, then the owner's oldest
+    /// across its namespaces while the owner or the store is over.
+    fn evict_to_bound(&mut self, namespace: &str, owner: &str) {
+        let namespace_limit = self.namespace_limit(owner);
+        while self
+            .pools
+            .get(namespace)
+            .is_some_and(|p| p.bytes > namespace_limit)
+        {
+            self.evict_from(namespace);
+        }
         let limit = self.limit_of(owner);
-        let Some(pool) = self.pools.get_mut(owner) else {
-            return;
-        };
-        while pool.bytes > limit || self.bytes > self.max_bytes {
-            let Some((id, stored)) = pool.entries().pop_lru() else {
+        while self.owners.get(owner).is_some_and(|t| t.bytes > limit) || self.bytes > self.max_bytes
+        {
+            // The namespace whose least recently used entry is the oldest.
+            let Some(oldest) = self.owners.get(owner).and_then(|tally| {
+                tally
+                    .namespaces
+                    .iter()
+                    .filter_map(|ns| {
+                        Some((self.pools.get(ns)?.entries.as_ref()?.peek_lru()?.1.used, ns))
+                    })
+                    .min()
+                    .map(|(_, ns)| ns.clone())
+            }) else {
                 break;
             };
-            let charge = Stored::charge(&id.0, &id.1, &stored.value);
-            self.bytes -= charge;
-            pool.bytes -= charge;
+            self.evict_from(&oldest);
+        }
+    }
+
+    /// Evict the least recently used entry of `namespace`.
+    fn evict_from(&mut self, namespace: &str) {
+        if let Some((id, stored)) = self
+            .pools
+            .get_mut(namespace)
+            .and_then(|p| p.entries().pop_lru())
+        {
+            self.uncharge(&id, &stored);
             self.stats.evictions += 1;
         }
     }
@@ -462,173 +418,6 @@ fn holds(expect: Expect, current: Option<u64>) -> bool {
     }
 }
 
-/// Check a cache namespace: 1 to 128 bytes of ASCII letters, digits, `-`,
-/// `_` and `.`; a tenant's namespaces are stored as `tenant/namespace`
-/// ([`crate::auth`]), each part so.
-pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
-    let part_ok = |part: &str| {
-        !part.is_empty()
-            && part.len() <= MAX_CACHE_NAMESPACE_BYTES
-            && part
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    };
-    let ok = match namespace.split_once('/') {
-        None => part_ok(namespace),
-        Some((tenant, rest)) => part_ok(tenant) && part_ok(rest),
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidKey(format!(
-            "cache namespace {namespace:?} must be 1 to {MAX_CACHE_NAMESPACE_BYTES} bytes of ASCII letters, digits, '-', '_' and '.'"
-        )))
-    }
-}
-
-/// A handle on the cluster's coherent cache, from [`Instance::cache`]
-/// (crate::Instance::cache). Operations go to the owner of the key's
-/// partition, wherever it is.
-///
-/// # Examples
-///
-/// ```
-/// # async fn example() -> fief::Result<()> {
-/// use fief::cache::{Expect, PutOptions};
-/// let node = fief::Instance::start_embedded(fief::NodeConfig::default()).await?;
-/// let cache = node.cache();
-/// let version = cache.put("sessions", "alice", b"token-1".to_vec(), PutOptions::default()).await?;
-/// let entry = cache.get("sessions", "alice").await?.expect("a client reads its own write");
-/// assert_eq!((entry.value.as_slice(), entry.version), (&b"token-1"[..], version));
-/// // A compare-and-set against a version that is no longer current fails.
-/// let stale = PutOptions { expect: Expect::Version(version), ..PutOptions::default() };
-/// cache.put("sessions", "alice", b"token-2".to_vec(), stale).await?;
-/// assert!(cache.put("sessions", "alice", b"token-3".to_vec(), stale).await.is_err());
-/// # node.shutdown().await;
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct Cache {
-    pub(crate) shared: Arc<NodeShared>,
-}
-
-impl Cache {
-    /// Read an entry. `Ok(None)` when there is none (never put, deleted,
-    /// expired, evicted, or dropped at an ownership change).
-    ///
-    /// # Errors
-    ///
-    /// Bad names ([`Error::InvalidKey`]), routing refusals ([`Error::Fenced`],
-    /// [`Error::Unowned`]) or an unreachable owner.
-    pub async fn get(&self, namespace: &str, key: &str) -> Result<Option<CacheEntry>> {
-        let op = CacheOp::Get {
-            namespace: namespace.to_owned(),
-            key: key.to_owned(),
-        };
-        match self.shared.cache_op(op).await? {
-            CacheOutcome::Found(entry) => Ok(entry),
-            other => Err(unexpected_outcome(&other)),
-        }
-    }
-
-    /// Write an entry; returns its new version.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::VersionConflict`] when `options.expect` does not hold (nothing
-    /// is written), a value over `max_message_size` or the cache bound, and
-    /// the errors of [`Cache::get`].
-    pub async fn put(
-        &self,
-        namespace: &str,
-        key: &str,
-        value: Vec<u8>,
-        options: PutOptions,
-    ) -> Result<u64> {
-        self.shared.check_message(&value)?;
-        let op = CacheOp::Put {
-            namespace: namespace.to_owned(),
-            key: key.to_owned(),
-            value,
-            ttl_ms: options
-                .ttl
-                .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)),
-            expect: options.expect,
-        };
-        match self.shared.cache_op(op).await? {
-            CacheOutcome::Written { version } => Ok(version),
-            CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
-            other => Err(unexpected_outcome(&other)),
-        }
-    }
-
-    /// Delete an entry if `expect` holds; returns whether there was one.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::VersionConflict`] when `expect` does not hold, and the errors
-    /// of [`Cache::get`].
-    pub async fn delete(&self, namespace: &str, key: &str, expect: Expect) -> Result<bool> {
-        let op = CacheOp::Delete {
-            namespace: namespace.to_owned(),
-            key: key.to_owned(),
-            expect,
-        };
-        match self.shared.cache_op(op).await? {
-            CacheOutcome::Deleted(existed) => Ok(existed),
-            CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
-            other => Err(unexpected_outcome(&other)),
-        }
-    }
-
-    /// This node's cache counters (the entries it holds as owner).
-    pub fn stats(&self) -> CacheStats {
-        self.shared.cache_stats()
-    }
-}
-
-pub(crate) fn unexpected_outcome(outcome: &CacheOutcome) -> Error {
-    Error::Internal(format!(
-        "the owner answered a cache operation with {outcome:?}"
-    ))
-}
-
-impl NodeShared {
-    /// Run a cache operation on the owner of its key: here, or forwarded.
-    pub(crate) async fn cache_op(self: &Arc<Self>, op: CacheOp) -> Result<CacheOutcome> {
-        let (CacheOp::Get { namespace, key }
-        | CacheOp::Put { namespace, key, .. }
-        | CacheOp::Delete { namespace, key, .. }) = &op;
-        validate_namespace(namespace)?;
-        validate_key(key)?;
-        let request = || PeerRequest::Cache(op.clone());
-        match self.forward(key, request, self.config.call_timeout).await {
-            Some(reply) => CacheOutcome::decode(&reply?),
-            None => self.cache_local(op),
-        }
-    }
-
-    /// Apply a cache operation here, only if this node owns the key's
-    /// partition now (the owner's re-check); never forwards.
-    pub(crate) fn cache_local(&self, op: CacheOp) -> Result<CacheOutcome> {
-        match self.route(op.key()) {
-            Route::Local { partition, token } => {
-                let now = self.clock.now();
-                lock(&self.cache).apply(op, partition, token, now)
-            }
-            Route::Forward { owner, .. } => Err(Error::NotOwner {
-                owner: owner.to_string(),
-            }),
-            Route::Refuse(refusal) => Err(refused(refusal)),
-        }
-    }
-
-    pub(crate) fn cache_stats(&self) -> CacheStats {
-        lock(&self.cache).stats()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -674,7 +463,7 @@ mod tests {
 
     #[test]
     fn reads_its_own_writes_and_counts_hits_and_misses() {
-        let mut store = CacheStore::new(1 << 20, 1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20, 1 << 20);
         assert_eq!(found(store.apply(get("a"), P, T1, at(0)).unwrap()), None);
         let v = version(
             store
@@ -689,7 +478,7 @@ mod tests {
 
     #[test]
     fn versions_rise_across_ownership_changes() {
-        let mut store = CacheStore::new(1 << 20, 1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20, 1 << 20);
         let v1 = version(
             store
                 .apply(put("a", b"1", Expect::Any), P, T1, at(0))
@@ -718,7 +507,7 @@ mod tests {
 
     #[test]
     fn entries_of_an_earlier_ownership_are_never_served() {
-        let mut store = CacheStore::new(1 << 20, 1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20, 1 << 20);
         store
             .apply(put("a", b"old", Expect::Any), P, T1, at(0))
             .unwrap();
@@ -729,7 +518,7 @@ mod tests {
 
     #[test]
     fn compare_and_set_checks_the_current_version() {
-        let mut store = CacheStore::new(1 << 20, 1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20, 1 << 20);
         let v = version(
             store
                 .apply(put("a", b"1", Expect::Absent), P, T1, at(0))
@@ -773,7 +562,7 @@ mod tests {
 
     #[test]
     fn entries_expire_on_the_given_clock() {
-        let mut store = CacheStore::new(1 << 20, 1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20, 1 << 20);
         let op = CacheOp::Put {
             namespace: "ns".into(),
             key: "a".into(),
@@ -794,7 +583,7 @@ mod tests {
     #[test]
     fn the_memory_bound_evicts_the_least_recently_used() {
         let charge = Stored::charge("ns", "a", &[0; 100]);
-        let mut store = CacheStore::new(charge * 2, charge * 2);
+        let mut store = CacheStore::new(charge * 2, charge * 2, charge * 2);
         store
             .apply(put("a", &[0; 100], Expect::Any), P, T1, at(0))
             .unwrap();
@@ -843,7 +632,7 @@ mod tests {
     fn a_tenant_evicts_only_its_own_entries() {
         let unit = Stored::charge("acme/ns", "k00", &[0; 1000]);
         // Room for 10 entries; 4 per tenant.
-        let mut store = CacheStore::new(unit * 10, unit * 4);
+        let mut store = CacheStore::new(unit * 10, unit * 4, unit * 4);
         for i in 0..3 {
             store
                 .apply(put_in("globex/ns", &format!("k{i:02}"), 1000), P, T1, at(0))
@@ -885,9 +674,46 @@ mod tests {
         assert!(store.stats().bytes <= store.stats().max_bytes);
     }
 
+    /// Issue 16, finding 8: per-namespace quotas. A namespace over its own
+    /// bound evicts only its own entries; under the tenant's bound the
+    /// tenant's least recently used entry goes, whichever namespace holds it.
+    #[test]
+    fn a_namespace_evicts_only_its_own_entries_past_its_bound() {
+        let unit = Stored::charge("acme/a", "k0", &[0; 100]);
+        // Room for 10 entries; 6 per tenant; 3 per namespace.
+        let mut store = CacheStore::new(unit * 10, unit * 6, unit * 3);
+        for i in 0..3 {
+            store
+                .apply(put_in("acme/b", &format!("k{i}"), 100), P, T1, at(0))
+                .unwrap();
+        }
+        for i in 0..5 {
+            store
+                .apply(put_in("acme/a", &format!("k{i}"), 100), P, T1, at(0))
+                .unwrap();
+        }
+        // `a` keeps its newest three; `b`, under its bound, lost nothing.
+        assert!((0..2).all(|i| !has(&mut store, "acme/a", &format!("k{i}"))));
+        assert!((2..5).all(|i| has(&mut store, "acme/a", &format!("k{i}"))));
+        assert!((0..3).all(|i| has(&mut store, "acme/b", &format!("k{i}"))));
+        // A third namespace passes the tenant's bound: the tenant's least
+        // recently used entry goes (`a`'s k2, read before `b`'s above).
+        store
+            .apply(put_in("acme/c", "k0", 100), P, T1, at(0))
+            .unwrap();
+        assert!(!has(&mut store, "acme/a", "k2"));
+        assert!(has(&mut store, "acme/b", "k0") && has(&mut store, "acme/c", "k0"));
+        assert_eq!(store.stats().bytes as usize, unit * 6);
+        // One entry over a namespace's bound is too large.
+        let err = store
+            .apply(put_in("acme/a", "big", 700), P, T1, at(0))
+            .unwrap_err();
+        assert!(matches!(err, Error::CacheEntryTooLarge { .. }), "{err}");
+    }
+
     #[test]
     fn retain_and_clear_drop_what_is_no_longer_owned() {
-        let mut store = CacheStore::new(1 << 20, 1 << 20);
+        let mut store = CacheStore::new(1 << 20, 1 << 20, 1 << 20);
         store
             .apply(put("a", b"1", Expect::Any), PartitionId(1), T1, at(0))
             .unwrap();
@@ -902,15 +728,5 @@ mod tests {
             (stats.entries, stats.bytes, stats.ownership_drops),
             (0, 0, 2)
         );
-    }
-
-    #[test]
-    fn namespaces_are_checked() {
-        assert!(validate_namespace("sessions.v1").is_ok());
-        assert!(validate_namespace("tenant/sessions").is_ok());
-        for bad in ["", "a/b/c", "/b", "white space", &"x".repeat(129)] {
-            let err = validate_namespace(bad).unwrap_err().to_string();
-            assert!(err.contains("cache namespace"), "{err}");
-        }
     }
 }

@@ -1,0 +1,339 @@
+//! The coherent single-owner cache: `get`/`put`/`delete` of byte values by
+//! `(namespace, key)`, held and written only by the owner of the key's
+//! partition.
+//!
+//! A cache key hashes to a partition exactly like a key process of the same
+//! key, so a key's cache entries live beside its process. Every operation
+//! routes to the partition's owner (forwarded over the transport if need be),
+//! and the owner re-checks that it owns the partition before it reads or
+//! writes: one writer per key, and a client reads its own writes.
+//!
+//! Entries never outlive an ownership change. Each entry remembers the
+//! ownership token it was written under, and is served only while the node
+//! still owns its partition under that same token; the node also drops
+//! entries eagerly when it fences (all of them) and when its table changes
+//! (those of partitions it no longer owns under the same token). So a fence,
+//! a handoff or a takeover empties the partition's cache instead of letting a
+//! stale value survive.
+//!
+//! Versions make read-modify-write safe: every write gets a version that is
+//! higher than any version the partition ever had (`token << 32 | sequence`,
+//! and tokens strictly increase at every change of owner), so a
+//! compare-and-set against a version read before an ownership change can
+//! never succeed against a value written after it.
+//!
+//! The store ([`store`]) is bounded in bytes per node, per tenant and per
+//! namespace, and evicts least recently used entries, but only the writer's
+//! own: a put evicts only its namespace's entries past the namespace's
+//! bound, and only its tenant's (its namespaces are `tenant/…`) past the
+//! tenant's, and is refused when the room it needs is held by others. Entries may carry a
+//! time-to-live judged on the node's clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fief_core::Route;
+use serde::{Deserialize, Serialize};
+
+use crate::config::validate_key;
+use crate::error::{Error, Result};
+use crate::key::lock;
+use crate::node::{NodeShared, refused};
+use crate::transport::PeerRequest;
+
+mod store;
+pub(crate) use store::CacheStore;
+
+/// Longest cache namespace, in bytes.
+pub const MAX_CACHE_NAMESPACE_BYTES: usize = 128;
+
+/// A cached value and its version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheEntry {
+    /// The value, as put.
+    pub value: Vec<u8>,
+    /// Its version: strictly increasing over every write of the partition,
+    /// across owners. Never 0.
+    pub version: u64,
+    /// Time left before it expires, if it was put with a time-to-live.
+    pub expires_in: Option<Duration>,
+}
+
+/// The precondition of a write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Expect {
+    /// Write whatever is there.
+    #[default]
+    Any,
+    /// Write only if there is no entry (`If-None-Match: *`).
+    Absent,
+    /// Write only if the entry's version is this one (`If-Match`).
+    Version(u64),
+}
+
+/// Options of [`Cache::put`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// Drop the entry after this long (judged on the owner's clock).
+    pub ttl: Option<Duration>,
+    /// The write's precondition.
+    pub expect: Expect,
+}
+
+/// Counters of one node's cache store (the entries this node owns).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CacheStats {
+    /// Reads that found a live entry.
+    pub hits: u64,
+    /// Reads that found none.
+    pub misses: u64,
+    /// Entries evicted to respect the memory bound.
+    pub evictions: u64,
+    /// Entries dropped because their time-to-live ran out.
+    pub expirations: u64,
+    /// Entries dropped because their partition changed owner or the node
+    /// fenced.
+    pub ownership_drops: u64,
+    /// Entries held now.
+    pub entries: u64,
+    /// Bytes charged now (values, names and bookkeeping).
+    pub bytes: u64,
+    /// The bound on `bytes` (`cache_max_bytes`).
+    pub max_bytes: u64,
+}
+
+/// One cache operation, as routed to the owner.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum CacheOp {
+    Get {
+        namespace: String,
+        key: String,
+    },
+    Put {
+        namespace: String,
+        key: String,
+        value: Vec<u8>,
+        ttl_ms: Option<u64>,
+        expect: Expect,
+    },
+    Delete {
+        namespace: String,
+        key: String,
+        expect: Expect,
+    },
+}
+
+impl CacheOp {
+    fn key(&self) -> &str {
+        let (CacheOp::Get { key, .. } | CacheOp::Put { key, .. } | CacheOp::Delete { key, .. }) =
+            self;
+        key
+    }
+}
+
+/// What the owner answers to a [`CacheOp`] (sent back over the transport).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum CacheOutcome {
+    Found(Option<CacheEntry>),
+    Written {
+        version: u64,
+    },
+    Deleted(bool),
+    /// The precondition did not hold; carries the current version.
+    Conflict {
+        current: Option<u64>,
+    },
+}
+
+impl CacheOutcome {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("cache outcomes always serialize")
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
+        postcard::from_bytes(bytes)
+            .map_err(|e| Error::Internal(format!("a peer sent a malformed cache reply: {e}")))
+    }
+}
+
+/// Check a cache namespace: 1 to 128 bytes of ASCII letters, digits, `-`,
+/// `_` and `.`; a tenant's namespaces are stored as `tenant/namespace`
+/// ([`crate::auth`]), each part so.
+pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
+    let part_ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= MAX_CACHE_NAMESPACE_BYTES
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    let ok = match namespace.split_once('/') {
+        None => part_ok(namespace),
+        Some((tenant, rest)) => part_ok(tenant) && part_ok(rest),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidKey(format!(
+            "cache namespace {namespace:?} must be 1 to {MAX_CACHE_NAMESPACE_BYTES} bytes of ASCII letters, digits, '-', '_' and '.'"
+        )))
+    }
+}
+
+/// A handle on the cluster's coherent cache, from [`Instance::cache`]
+/// (crate::Instance::cache). Operations go to the owner of the key's
+/// partition, wherever it is.
+///
+/// # Examples
+///
+/// ```
+/// # async fn example() -> fief::Result<()> {
+/// use fief::cache::{Expect, PutOptions};
+/// let node = fief::Instance::start_embedded(fief::NodeConfig::default()).await?;
+/// let cache = node.cache();
+/// let version = cache.put("sessions", "alice", b"token-1".to_vec(), PutOptions::default()).await?;
+/// let entry = cache.get("sessions", "alice").await?.expect("a client reads its own write");
+/// assert_eq!((entry.value.as_slice(), entry.version), (&b"token-1"[..], version));
+/// // A compare-and-set against a version that is no longer current fails.
+/// let stale = PutOptions { expect: Expect::Version(version), ..PutOptions::default() };
+/// cache.put("sessions", "alice", b"token-2".to_vec(), stale).await?;
+/// assert!(cache.put("sessions", "alice", b"token-3".to_vec(), stale).await.is_err());
+/// # node.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Cache {
+    pub(crate) shared: Arc<NodeShared>,
+}
+
+impl Cache {
+    /// Read an entry. `Ok(None)` when there is none (never put, deleted,
+    /// expired, evicted, or dropped at an ownership change).
+    ///
+    /// # Errors
+    ///
+    /// Bad names ([`Error::InvalidKey`]), routing refusals ([`Error::Fenced`],
+    /// [`Error::Unowned`]) or an unreachable owner.
+    pub async fn get(&self, namespace: &str, key: &str) -> Result<Option<CacheEntry>> {
+        let op = CacheOp::Get {
+            namespace: namespace.to_owned(),
+            key: key.to_owned(),
+        };
+        match self.shared.cache_op(op).await? {
+            CacheOutcome::Found(entry) => Ok(entry),
+            other => Err(unexpected_outcome(&other)),
+        }
+    }
+
+    /// Write an entry; returns its new version.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::VersionConflict`] when `options.expect` does not hold (nothing
+    /// is written), a value over `max_message_size` or the cache bound, and
+    /// the errors of [`Cache::get`].
+    pub async fn put(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: Vec<u8>,
+        options: PutOptions,
+    ) -> Result<u64> {
+        self.shared.check_message(&value)?;
+        let op = CacheOp::Put {
+            namespace: namespace.to_owned(),
+            key: key.to_owned(),
+            value,
+            ttl_ms: options
+                .ttl
+                .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)),
+            expect: options.expect,
+        };
+        match self.shared.cache_op(op).await? {
+            CacheOutcome::Written { version } => Ok(version),
+            CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
+            other => Err(unexpected_outcome(&other)),
+        }
+    }
+
+    /// Delete an entry if `expect` holds; returns whether there was one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::VersionConflict`] when `expect` does not hold, and the errors
+    /// of [`Cache::get`].
+    pub async fn delete(&self, namespace: &str, key: &str, expect: Expect) -> Result<bool> {
+        let op = CacheOp::Delete {
+            namespace: namespace.to_owned(),
+            key: key.to_owned(),
+            expect,
+        };
+        match self.shared.cache_op(op).await? {
+            CacheOutcome::Deleted(existed) => Ok(existed),
+            CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
+            other => Err(unexpected_outcome(&other)),
+        }
+    }
+
+    /// This node's cache counters (the entries it holds as owner).
+    pub fn stats(&self) -> CacheStats {
+        self.shared.cache_stats()
+    }
+}
+
+pub(crate) fn unexpected_outcome(outcome: &CacheOutcome) -> Error {
+    Error::Internal(format!(
+        "the owner answered a cache operation with {outcome:?}"
+    ))
+}
+
+impl NodeShared {
+    /// Run a cache operation on the owner of its key: here, or forwarded.
+    pub(crate) async fn cache_op(self: &Arc<Self>, op: CacheOp) -> Result<CacheOutcome> {
+        let (CacheOp::Get { namespace, key }
+        | CacheOp::Put { namespace, key, .. }
+        | CacheOp::Delete { namespace, key, .. }) = &op;
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let request = || PeerRequest::Cache(op.clone());
+        match self.forward(key, request, self.config.call_timeout).await {
+            Some(reply) => CacheOutcome::decode(&reply?),
+            None => self.cache_local(op),
+        }
+    }
+
+    /// Apply a cache operation here, only if this node owns the key's
+    /// partition now (the owner's re-check); never forwards.
+    pub(crate) fn cache_local(&self, op: CacheOp) -> Result<CacheOutcome> {
+        match self.route(op.key()) {
+            Route::Local { partition, token } => {
+                let now = self.clock.now();
+                lock(&self.cache).apply(op, partition, token, now)
+            }
+            Route::Forward { owner, .. } => Err(Error::NotOwner {
+                owner: owner.to_string(),
+            }),
+            Route::Refuse(refusal) => Err(refused(refusal)),
+        }
+    }
+
+    pub(crate) fn cache_stats(&self) -> CacheStats {
+        lock(&self.cache).stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_are_checked() {
+        assert!(validate_namespace("sessions.v1").is_ok());
+        assert!(validate_namespace("tenant/sessions").is_ok());
+        for bad in ["", "a/b/c", "/b", "white space", &"x".repeat(129)] {
+            let err = validate_namespace(bad).unwrap_err().to_string();
+            assert!(err.contains("cache namespace"), "{err}");
+        }
+    }
+}
