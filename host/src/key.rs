@@ -869,7 +869,19 @@ impl ModuleSlot {
         token: OwnershipToken,
         envelope: Envelope,
     ) -> Result<()> {
-        let mut keys = lock(&self.keys);
+        self.deliver_in(&mut lock(&self.keys), node, key, partition, token, envelope)
+    }
+
+    /// [`deliver`](Self::deliver) under the key-table lock, held as `keys`.
+    fn deliver_in(
+        self: &Arc<Self>,
+        keys: &mut HashMap<Box<str>, KeyHandle>,
+        node: &Arc<NodeShared>,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+        envelope: Envelope,
+    ) -> Result<()> {
         let envelope = match keys.get(key) {
             Some(handle) => match handle.tx.try_send(envelope) {
                 Ok(()) => return Ok(()),
@@ -942,7 +954,6 @@ impl ModuleSlot {
                 handle_fence_deadline: options.handle_fence_deadline,
             },
         );
-        drop(keys);
         node.tasks.spawn(run_key(
             node.clone(),
             self.clone(),
@@ -1137,15 +1148,51 @@ impl ModuleSlot {
         }
     }
 
-    /// Retire an idle key: only if its mailbox is empty, under the lock every
-    /// sender takes, so no message can slip in after the check.
-    fn retire_if_idle(&self, key: &str, generation: u64, rx: &MailboxRx) -> bool {
+    /// Whether an idle key may retire: its mailbox is empty and it is still
+    /// the key's current process. Its entry stays until its store is
+    /// dropped ([`retired`](Self::retired)): a message arriving meanwhile
+    /// waits in its mailbox instead of starting a second process of the key
+    /// beside the one running `terminate(idle)` (issue "One ownership state
+    /// machine", guarantee 1).
+    fn may_retire(&self, key: &str, generation: u64, rx: &MailboxRx) -> bool {
+        let keys = lock(&self.keys);
+        rx.is_empty() && keys.get(key).is_some_and(|h| h.generation == generation)
+    }
+
+    /// A retired key's store was dropped: remove its entry and give the
+    /// calls and casts that arrived during its `terminate(idle)`, in their
+    /// order, to a fresh process of the key (under the lock, so none
+    /// overtakes them). One that cannot be delivered (the partition moved
+    /// meanwhile) is dropped, so its caller hears that the process went
+    /// away; a stop order is answered with no state (the key stopped on its
+    /// own), and a publication for the old process's subscription is
+    /// dropped with it.
+    fn retired(self: &Arc<Self>, node: &Arc<NodeShared>, env: &KeyEnv, rx: &mut MailboxRx) {
         let mut keys = lock(&self.keys);
-        let idle = rx.is_empty() && keys.get(key).is_some_and(|h| h.generation == generation);
-        if idle {
-            keys.remove(key);
+        let Some(handle) = keys
+            .get(&*env.key)
+            .filter(|h| h.generation == env.generation)
+        else {
+            return;
+        };
+        let partition = handle.partition;
+        keys.remove(&*env.key);
+        rx.close();
+        while let Ok(envelope) = rx.try_recv() {
+            match envelope {
+                Envelope::Stop { reply, .. } => {
+                    let _ = reply.send(Ok(None));
+                }
+                Envelope::Info(_) => {}
+                routed @ (Envelope::Call { .. } | Envelope::Cast { .. }) => {
+                    if let Err(error) =
+                        self.deliver_in(&mut keys, node, &env.key, partition, env.token, routed)
+                    {
+                        tracing::debug!(module = %self.name, key = %env.key, %error, "a message that arrived while the key retired was not delivered");
+                    }
+                }
+            }
         }
-        idle
     }
 }
 
@@ -1184,8 +1231,11 @@ enum Exit {
     Killed,
     /// Died on its own (trap, CPU or memory limit).
     Died(String),
-    /// Stopped gracefully (idle, stop request).
+    /// Stopped gracefully on request.
     Stopped,
+    /// Stopped for being idle: messages that came during its `terminate`
+    /// go to its next process.
+    Retired,
 }
 
 /// The task that owns one key process.
@@ -1315,12 +1365,12 @@ async fn run_key(
                 if quiet
                     && let Ok(guard) = cell.clone().try_lock_owned()
                     && guard.as_ref().is_some_and(|p| p.timers_armed() == 0)
-                    && slot.retire_if_idle(&key, env.generation, &rx)
+                    && slot.may_retire(&key, env.generation, &rx)
                 {
                     let process = held.insert(guard).as_mut().expect("checked above");
                     let _ = Box::pin(process.terminate(&StopReason::Idle)).await;
                     node.metrics.killed(&slot.name, "idle");
-                    break Exit::Stopped;
+                    break Exit::Retired;
                 }
                 continue;
             }
@@ -1386,13 +1436,17 @@ async fn run_key(
     }
     drop(held);
     node.observe(&env.module, &key, KeyLifeEvent::Ended);
-    slot.remove_if_current(&key, env.generation);
+    if matches!(exit, Exit::Retired) {
+        slot.retired(&node, &env, &mut rx);
+    } else {
+        slot.remove_if_current(&key, env.generation);
+    }
     node.limbo.remove(&env.module, &key, env.generation);
     control.exited.send_replace(true);
     let why = match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
         Exit::Died(why) => why.clone(),
-        Exit::Stopped => "the key stopped".to_owned(),
+        Exit::Stopped | Exit::Retired => "the key stopped".to_owned(),
     };
     match &exit {
         Exit::Killed => node.metrics.killed(
@@ -1402,14 +1456,16 @@ async fn run_key(
         Exit::Died(why) => node
             .metrics
             .killed(&slot.name, crate::metrics::kill_cause(None, Some(why))),
-        Exit::Stopped => {}
+        Exit::Stopped | Exit::Retired => {}
     }
     match &exit {
         Exit::Killed => {
             tracing::info!(module = %slot.name, key = %key, reason = %why, "key killed")
         }
         Exit::Died(_) => tracing::warn!(module = %slot.name, key = %key, reason = %why, "key died"),
-        Exit::Stopped => tracing::debug!(module = %slot.name, key = %key, "key stopped"),
+        Exit::Stopped | Exit::Retired => {
+            tracing::debug!(module = %slot.name, key = %key, "key stopped")
+        }
     }
     rx.close();
     while let Ok(envelope) = rx.try_recv() {

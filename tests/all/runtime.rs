@@ -127,6 +127,53 @@ async fn an_idle_key_is_retired_but_a_key_with_an_armed_timer_is_not() {
     node.shutdown().await;
 }
 
+/// A message that reaches a key while it runs `terminate(idle)` waits for
+/// that process's store to be dropped, then starts the next one: there is
+/// never a second process of the key beside the retiring one (guarantee 1;
+/// the entry used to be removed before `terminate` ran, and this message
+/// started a second process at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_during_an_idle_terminate_waits_for_the_next_process() {
+    let lives = crate::fence_modes::Lives::default();
+    let options = ModuleOptions {
+        idle_timeout: Duration::from_millis(200),
+        ..ModuleOptions::default()
+    };
+    let node = crate::fence_modes::observed_node(
+        test_config(),
+        &lives,
+        &[("hostile", guests::HOSTILE, options)],
+    )
+    .await;
+    let key = "slow-terminate";
+    assert_eq!(call_text(&node, "hostile", key, "ping").await, "pong");
+    // Its terminate(idle) has begun (and blocks for 1.5 s).
+    let cache = node.cache();
+    let mut terminating = false;
+    for _ in 0..200 {
+        if cache
+            .get("terminating", key)
+            .await
+            .expect("cache get")
+            .is_some()
+        {
+            terminating = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(terminating, "the key did not retire");
+    assert_eq!(call_text(&node, "hostile", key, "ping").await, "pong");
+    let events = lives.of("hostile", key);
+    use fief::KeyLifeEvent::{Ended, Started};
+    assert_eq!(
+        events.get(..3),
+        Some(&[Started, Ended, Started][..]),
+        "the second process started only after the first ended: {events:?}"
+    );
+    crate::hostile::stop(node).await;
+}
+
 #[tokio::test]
 async fn an_init_refusal_fails_that_activation_only() {
     let node = node_with(&[("probe", guests::PROBE)]).await;

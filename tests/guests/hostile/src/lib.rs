@@ -34,7 +34,9 @@
 //!
 //! Casts: `loop` loops forever in `handle-cast`. Keys named `loop-init...`
 //! loop forever in `init`, keys named `loop-terminate...` in `terminate`;
-//! keys named `refuse-init-<n>...` refuse `init` with `n` bytes of `r`.
+//! keys named `refuse-init-<n>...` refuse `init` with `n` bytes of `r`;
+//! keys named `slow-terminate...` put `yes` in cache namespace `terminating`
+//! under their name in `terminate`, then block for 1.5 s.
 //! `handle-fence` loops forever (only called when the module is deployed
 //! with `on_fence = callback`), except for keys named `fence-stop-<n>...`,
 //! which stop with a reason of `n` bytes of `s`; `terminate` then logs
@@ -344,6 +346,17 @@ impl Key for Hostile {
     fn terminate(&mut self, reason: StopReason) {
         if self.key.starts_with("loop-terminate") {
             spin_forever();
+        }
+        if self.key.starts_with("slow-terminate") {
+            // Say so (the test waits for it), then take a while.
+            let _ = fief_guest::cache::put(
+                "terminating",
+                &self.key,
+                b"yes",
+                None,
+                fief_guest::cache::Write::Always,
+            );
+            wasip2::clocks::monotonic_clock::subscribe_duration(1_500_000_000).block();
         }
         if let StopReason::Fenced(why) = reason {
             host::log::info(&format!("terminate: fenced, {} bytes", why.len()));
