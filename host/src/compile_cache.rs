@@ -12,6 +12,10 @@
 //!
 //! The directory must be writable only by the node's user: a cached artifact
 //! is native code that the node maps and runs (see [`CompileCache::load`]).
+//! An entry whose component no version in use needs any more (after an
+//! undeploy, a redeploy or a rollback) is removed ([`CompileCache::remove`]). This module
+//! holds the crate's `unsafe`: loading native code, from the cache or from
+//! the compile worker ([`load_artifact`]).
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -94,20 +98,70 @@ impl CompileCache {
     /// Store the compilation of the component with content `hash`. Failures
     /// are logged; the deploy goes on without a cache entry.
     pub(crate) fn store(&self, hash: &str, component: &Component) {
+        match component.serialize() {
+            Ok(bytes) => self.store_artifact(hash, &bytes),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot serialize a compiled component for the compile cache");
+            }
+        }
+    }
+
+    /// Store `artifact`, the serialized compilation of the component with
+    /// content `hash` (as a compile worker wrote it). Failures are logged.
+    pub(crate) fn store_artifact(&self, hash: &str, artifact: &[u8]) {
         let path = self.path_for(hash);
-        let result = component
-            .serialize()
-            .map_err(|e| std::io::Error::other(e.to_string()))
-            .and_then(|bytes| {
-                let mut file = tempfile_in(&self.dir)?;
-                file.1.write_all(&bytes)?;
-                file.1.sync_all()?;
-                std::fs::rename(&file.0, &path)
-            });
+        let result = tempfile_in(&self.dir).and_then(|(temp, mut file)| {
+            file.write_all(artifact)?;
+            file.sync_all()?;
+            std::fs::rename(&temp, &path).inspect_err(|_| {
+                let _ = std::fs::remove_file(&temp);
+            })
+        });
         if let Err(e) = result {
             tracing::warn!(path = %path.display(), error = %e, "cannot write a compile cache entry");
         }
     }
+
+    /// Remove this engine's entries of the components with `hashes` (ones
+    /// no version in use needs any more). Returns how many were removed; a
+    /// missing entry is not an error, other failures are logged.
+    pub(crate) fn remove<'a>(&self, hashes: impl IntoIterator<Item = &'a str>) -> usize {
+        let mut removed = 0;
+        for hash in hashes {
+            let path = self.path_for(hash);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    removed += 1;
+                    tracing::info!(path = %path.display(), "removed a compile cache entry no version in use needs");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove an unused compile cache entry");
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// Load `artifact`, the serialized compilation of a component made by this
+/// node's compile worker ([`crate::compile_worker`]), into `engine`.
+///
+/// # Errors
+///
+/// wasmtime's reason when the artifact is not one it made for this engine's
+/// settings and version.
+#[allow(unsafe_code)]
+pub(crate) fn load_artifact(engine: &Engine, artifact: &[u8]) -> Result<Component, String> {
+    // SAFETY: `deserialize` runs the native code in `artifact`, so it must be
+    // an artifact wasmtime produced. It is the stdout of the node's own
+    // compile worker (the operator's `compile_worker` program, the node's own
+    // binary under `fief node`), which wrote `precompile_component`'s output
+    // for the component the node gave it, and nothing else writes that pipe;
+    // wasmtime checks the artifact's header, version and engine settings
+    // before using it, rejecting anything it did not produce for this
+    // configuration.
+    unsafe { Component::deserialize(engine, artifact) }.map_err(|e| format!("{e:#}"))
 }
 
 /// A tag for the engine's compilation settings: artifacts are only

@@ -79,9 +79,23 @@ pub struct NodeConfig {
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
     /// Longest a deploy waits for its component to compile; a slower one is
-    /// refused (a compile bomb within the static limits).
+    /// refused (a compile bomb within the static limits). With a
+    /// `compile_worker` the worker is killed at it; compiling in-process
+    /// (no worker) the compile goes on in the background, holding the
+    /// node's compile slot, until it ends.
     #[serde(with = "humantime_serde")]
     pub compile_timeout: Duration,
+    /// The program that compiles components in a process of its own, run as
+    /// `PROGRAM compile-worker` ([`crate::compile_worker`]): the node kills it
+    /// at `compile_timeout` and caps its memory at `compile_memory_limit`,
+    /// so a compile bomb costs the node neither memory nor a stuck compile
+    /// slot. `fief node` sets it to its own executable; `None` (the
+    /// library's default) compiles on a thread of the node's process.
+    pub compile_worker: Option<PathBuf>,
+    /// The address space a compile worker may use (its `RLIMIT_AS`); a
+    /// compile needing more is refused with this limit named. Only with a
+    /// `compile_worker`.
+    pub compile_memory_limit: ByteSize,
     /// Directory of compiled components, keyed by content hash and engine
     /// settings, so a restarted node does not recompile; `None` compiles
     /// every deploy. It must be writable only by the node's user.
@@ -124,6 +138,12 @@ pub struct NodeConfig {
     /// before it is closed.
     #[serde(with = "humantime_serde")]
     pub http_idle_timeout: Duration,
+    /// How long an API client has to send a request's body, from the end of
+    /// its head, plus one second per
+    /// [`MIN_BODY_RATE`](crate::http_limits::MIN_BODY_RATE) bytes it sent:
+    /// a client that stalls or dribbles its body is cut off past it.
+    #[serde(with = "humantime_serde")]
+    pub http_body_read_timeout: Duration,
     /// Most API connections open at once; `None`: the lowest of 4096, three
     /// quarters of the open-file limit, and the limit less the descriptors
     /// the node keeps for everything else. At the cap the connection idle
@@ -275,6 +295,8 @@ impl Default for NodeConfig {
             max_memory_per_key: ByteSize::mib(256),
             call_timeout: Duration::from_secs(5),
             compile_timeout: Duration::from_secs(300),
+            compile_worker: None,
+            compile_memory_limit: crate::compile_worker::DEFAULT_MEMORY_LIMIT,
             compile_cache: None,
             cache_max_bytes: ByteSize::mib(64),
             cache_max_bytes_per_tenant: ByteSize::mib(16),
@@ -285,6 +307,7 @@ impl Default for NodeConfig {
             module_ceilings: ModuleCeilings::default(),
             http_header_read_timeout: crate::http_limits::DEFAULT_HEADER_READ_TIMEOUT,
             http_idle_timeout: crate::http_limits::DEFAULT_IDLE_TIMEOUT,
+            http_body_read_timeout: crate::http_limits::DEFAULT_BODY_READ_TIMEOUT,
             http_max_connections: None,
         }
     }
@@ -406,6 +429,7 @@ impl NodeConfig {
             ));
         }
         crate::http_limits::validate_config(self)?;
+        crate::compile_worker::validate_config(self)?;
         // The default module options must fit this node, or nothing deploys.
         ModuleOptions::default()
             .validate_for(self, &timing)

@@ -28,10 +28,11 @@ use tokio::sync::Notify;
 
 use crate::arbiter::{ANONYMOUS, ArbiterError, ModuleVersionRecord, NewModuleVersion};
 use crate::bindings::types::StopReason;
+use crate::compile_worker::CompileWorker;
 use crate::config::{ModuleOptions, validate_module_name};
 use crate::error::{Error, Result};
 use crate::key::{ModuleSlot, lock};
-use crate::module::{CompiledModule, compile};
+use crate::module::{self, Code, CompiledModule};
 use crate::node::{Instance, ModuleInfo, NodeShared, module_info};
 use crate::transport::PeerRequest;
 
@@ -70,6 +71,9 @@ pub(crate) struct Deploys {
     /// Tenants with a compile in flight: one each, so one tenant's deploys
     /// cannot fill the queue ahead of everyone else's.
     compiling_tenants: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The components in use at the follower's last round (content hashes),
+    /// so the next can tell which left use.
+    cache_in_use: std::sync::Mutex<Option<HashSet<String>>>,
 }
 
 /// The node's compile permits.
@@ -141,6 +145,13 @@ fn validate_stored_name(name: &str) -> Result<()> {
 
 fn store_error(e: ArbiterError) -> Error {
     Error::ModuleStore(e.to_string())
+}
+
+/// Run `f` on a blocking thread.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("a compile task failed: {e}")))?
 }
 
 async fn bounded<T>(f: crate::arbiter::ArbiterFuture<'_, T>) -> Result<T> {
@@ -246,7 +257,9 @@ impl NodeShared {
         }
     }
 
-    /// Validate and compile on a blocking thread.
+    /// Validate and compile, holding the node's compile slot: in the
+    /// node's compile worker when it has one (killed at `compile_timeout`,
+    /// its memory capped), else on a blocking thread.
     async fn compile_off_thread(
         self: &Arc<Self>,
         wasm: Bytes,
@@ -261,25 +274,85 @@ impl NodeShared {
             .acquire_owned()
             .await
             .map_err(|_| Error::ShuttingDown)?;
+        let compiled = match CompileWorker::for_node(&self.config) {
+            Some(worker) => {
+                let compiled = self
+                    .compile_in_worker(&worker, wasm, options, version)
+                    .await;
+                // A worker that timed out or ran out of memory is dead
+                // already (killed when its future was dropped): its slot is
+                // free at once.
+                drop(permit);
+                compiled?
+            }
+            None => {
+                self.compile_in_process(permit, wasm, options, version)
+                    .await?
+            }
+        };
+        self.metrics
+            .compiled(compiled.compile_cached, compiled.compile_time);
+        Ok(compiled)
+    }
+
+    /// Compile in `worker`: the static checks and the compile cache here,
+    /// the compile in the worker process, loading its artifact here.
+    async fn compile_in_worker(
+        self: &Arc<Self>,
+        worker: &CompileWorker,
+        wasm: Bytes,
+        options: ModuleOptions,
+        version: u64,
+    ) -> Result<CompiledModule> {
+        let (shared, bytes, opts) = (self.clone(), wasm.clone(), options.clone());
+        let mut checked = blocking(move || module::check(&shared.runtime, &bytes, &opts)).await?;
+        let started = std::time::Instant::now();
+        let code = match checked.cached.take() {
+            Some(component) => Code::Cached(component),
+            None => Code::Artifact(worker.precompile(&wasm).await?),
+        };
+        let compile_time = started.elapsed();
+        let shared = self.clone();
+        blocking(move || {
+            module::finish(
+                &shared.runtime,
+                checked,
+                code,
+                wasm.len(),
+                options,
+                version,
+                compile_time,
+            )
+        })
+        .await
+    }
+
+    /// Compile on a blocking thread, which keeps `permit` until it ends: a
+    /// compile past `compile_timeout` is refused, but cannot be stopped.
+    async fn compile_in_process(
+        self: &Arc<Self>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        wasm: Bytes,
+        options: ModuleOptions,
+        version: u64,
+    ) -> Result<CompiledModule> {
         let shared = self.clone();
         let compiling = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            compile(&shared.runtime, &wasm, options, version)
+            module::compile(&shared.runtime, &wasm, options, version)
         });
         let limit = self.config.compile_timeout;
-        let compiled = tokio::time::timeout(limit, compiling)
+        tokio::time::timeout(limit, compiling)
             .await
             .map_err(|_| {
                 Error::InvalidModule(format!(
                     "compiling the component took longer than this node's compile_timeout \
                      ({limit:?}); it is refused (the compile finishes in the background \
-                     holding the node's compile slot). Build it smaller"
+                     holding the node's compile slot: give the node a compile_worker to \
+                     have it stopped). Build it smaller"
                 ))
             })?
-            .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))??;
-        self.metrics
-            .compiled(compiled.compile_cached, compiled.compile_time);
-        Ok(compiled)
+            .map_err(|e| Error::Internal(format!("the compile task failed: {e}")))?
     }
 
     /// Make `compiled` the version of `name` new activations use here.
@@ -366,7 +439,47 @@ impl NodeShared {
         for slot in gone {
             self.unload(&slot).await;
         }
+        self.trim_compile_cache(&stored);
         Ok(())
+    }
+
+    /// Remove the compile cache's entries of the components that left use
+    /// since the last round: in use are the store's current versions, what
+    /// is installed here, and what waits to be stored. So an undeploy, a
+    /// redeploy or a rollback removes what its change left unused; entries
+    /// this node never saw in use (another node's sharing the directory, or
+    /// a previous run's) are left alone, and so is everything at the first
+    /// round, when nothing has changed yet. A rollback to a version whose
+    /// entry went compiles it again; a live key on an older version keeps
+    /// running (its code is mapped, and an unlinked file's mapping stays
+    /// valid). Runs under the install lock.
+    fn trim_compile_cache(&self, stored: &[crate::arbiter::StoredModule]) {
+        let Some(cache) = self.runtime.compile_cache.as_ref() else {
+            return;
+        };
+        let mut in_use: HashSet<String> = stored
+            .iter()
+            .filter_map(|m| m.current_record())
+            .map(|record| record.content_hash.clone())
+            .collect();
+        in_use.extend(
+            self.slots()
+                .iter()
+                .map(|slot| slot.current().content_hash.clone()),
+        );
+        in_use.extend(
+            lock(&self.deploys.unstored)
+                .iter()
+                .map(|m| m.content_hash.clone()),
+        );
+        let mut last = lock(&self.deploys.cache_in_use);
+        if let Some(last) = last.as_ref() {
+            let removed = cache.remove(last.difference(&in_use).map(String::as_str));
+            if removed > 0 {
+                tracing::info!(node = %self.node_id, removed, "compile cache trimmed to the versions in use");
+            }
+        }
+        *last = Some(in_use);
     }
 
     /// Load one stored version: its bytes from the store, compiled (or taken
@@ -385,8 +498,23 @@ impl NodeShared {
                     record.version
                 ))
             })?;
+        let (options, lowered) =
+            crate::load_ceilings::lower_to_ceilings(&self.config, &record.options);
+        for l in &lowered {
+            tracing::warn!(
+                node = %self.node_id,
+                module = name,
+                version = record.version,
+                option = l.option,
+                value = %l.value,
+                ceiling = %l.ceiling,
+                "a stored module version asks for more than this node's ceiling: running it \
+                 with the option lowered to the ceiling"
+            );
+            self.metrics.module_option_lowered(l.option);
+        }
         let mut compiled = self
-            .compile_off_thread(bytes, record.options.clone(), record.version)
+            .compile_off_thread(bytes, options, record.version)
             .await?;
         if compiled.content_hash != record.content_hash {
             return Err(Error::ModuleStore(format!(

@@ -6,6 +6,7 @@
 //! | open connections (`http_max_connections`) | the lowest of 4096, ¾ of the open-file limit, and the limit less [`RESERVED_FDS`] | the open-file limit less [`RESERVED_FDS`] |
 //! | time to send a request's head (`http_header_read_timeout`) | 10 s | 5 min |
 //! | time a kept-alive connection may wait for its next request (`http_idle_timeout`) | 60 s | 1 h |
+//! | time to send a request's body (`http_body_read_timeout`), plus 1 s per [`MIN_BODY_RATE`] bytes received | 30 s | 5 min |
 //! | request line | [`MAX_REQUEST_LINE_BYTES`] (`414`) | fixed |
 //! | request head (request line and headers) | [`MAX_HEAD_BYTES`], [`MAX_HEADER_FIELDS`] fields (`431`) | fixed |
 //!
@@ -29,6 +30,15 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Ceiling of `http_header_read_timeout`.
 pub const MAX_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default of `http_body_read_timeout`.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Ceiling of `http_body_read_timeout`.
+pub const MAX_BODY_READ_TIMEOUT: Duration = Duration::from_secs(300);
+/// The slowest body a client may send past `http_body_read_timeout`, in
+/// bytes per second: every byte received moves the body's deadline later
+/// by `1 / MIN_BODY_RATE` s, so a large upload at a fair rate is never
+/// cut, and a dribbling or stalled one is cut soon after the timeout.
+pub const MIN_BODY_RATE: u64 = 16 * 1024;
 /// Ceiling of `http_idle_timeout`.
 pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The most connections the automatic `http_max_connections` allows.
@@ -52,6 +62,8 @@ pub struct HttpLimits {
     pub header_read_timeout: Duration,
     /// `http_idle_timeout`.
     pub idle_timeout: Duration,
+    /// `http_body_read_timeout`.
+    pub body_read_timeout: Duration,
     /// The connection cap: `http_max_connections`, or the automatic one.
     pub max_connections: usize,
     /// The soft open-file limit it was resolved against (`None`: unlimited).
@@ -107,6 +119,7 @@ impl HttpLimits {
         Ok(HttpLimits {
             header_read_timeout: config.http_header_read_timeout,
             idle_timeout: config.http_idle_timeout,
+            body_read_timeout: config.http_body_read_timeout,
             max_connections: usize::try_from(max).unwrap_or(usize::MAX),
             open_file_limit: soft,
         })
@@ -127,6 +140,11 @@ pub(crate) fn validate_config(config: &NodeConfig) -> Result<()> {
             "http_idle_timeout",
             config.http_idle_timeout,
             MAX_IDLE_TIMEOUT,
+        ),
+        (
+            "http_body_read_timeout",
+            config.http_body_read_timeout,
+            MAX_BODY_READ_TIMEOUT,
         ),
     ] {
         if value.is_zero() || value > ceiling {

@@ -11,7 +11,8 @@
 //! | fresh | the accept | `header_read_timeout` (the TLS handshake and the first head included) |
 //! | idle | the last response was written | `idle_timeout` |
 //! | head | the first byte of a kept-alive connection's next request | `header_read_timeout` |
-//! | busy | a request's head was read, until its response is written | never by the watchdog (the handlers have their own limits) |
+//! | busy, reading the body | a request's head was read, until its body ended (or was dropped) | `body_read_timeout`, plus 1 s per [`MIN_BODY_RATE`](crate::http_limits::MIN_BODY_RATE) bytes received |
+//! | busy | its body was read, until its response is written | never by the watchdog (the handlers have their own limits) |
 //!
 //! The phase is followed by wrapping the connection's I/O ([`Watched`]: a
 //! read starts a head, a flush after the last response body ends it) and the
@@ -87,6 +88,8 @@ struct ConnState {
     unflushed: bool,
     /// Closed by the accept loop to admit another connection.
     evicted: bool,
+    /// While a request's body is being received: when it must have ended.
+    body_deadline: Option<Instant>,
 }
 
 /// One connection's phase, shared by its I/O, its service and its
@@ -105,6 +108,7 @@ impl Conn {
                 in_flight: 0,
                 unflushed: false,
                 evicted: false,
+                body_deadline: None,
             }),
             wake: Notify::new(),
         }
@@ -122,6 +126,8 @@ enum End {
     HeaderTimeout,
     /// Idle for longer than `idle_timeout`.
     IdleTimeout,
+    /// Its request's body took longer than `body_read_timeout` allows.
+    BodyTimeout,
     /// Its head was over the limits (answered `414` or `431`).
     HeadRefused(HeadRefusal),
 }
@@ -134,6 +140,7 @@ impl End {
             End::Evicted => Some("evicted"),
             End::HeaderTimeout => Some("header_timeout"),
             End::IdleTimeout => Some("idle_timeout"),
+            End::BodyTimeout => Some("body_timeout"),
             End::HeadRefused(_) => Some("head_too_large"),
         }
     }
@@ -324,11 +331,12 @@ async fn connection(
     app: Router,
     stop: watch::Receiver<bool>,
 ) {
+    let body_timeout = shared.limits.body_read_timeout;
     let work = async {
         match acceptor {
-            None => serve_io(stream, &conn, app, stop).await,
+            None => serve_io(stream, &conn, app, body_timeout, stop).await,
             Some(acceptor) => match acceptor.accept(stream).await {
-                Ok(tls) => serve_io(tls, &conn, app, stop).await,
+                Ok(tls) => serve_io(tls, &conn, app, body_timeout, stop).await,
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed (a plaintext client?)");
                     End::Done
@@ -362,7 +370,7 @@ async fn watchdog(conn: &Conn, limits: &HttpLimits) -> End {
                     (Some(t + limits.header_read_timeout), End::HeaderTimeout)
                 }
                 Phase::Idle(t) => (Some(t + limits.idle_timeout), End::IdleTimeout),
-                Phase::Busy => (None, End::Done),
+                Phase::Busy => (state.body_deadline, End::BodyTimeout),
             }
         };
         match deadline {
@@ -379,7 +387,13 @@ async fn watchdog(conn: &Conn, limits: &HttpLimits) -> End {
 }
 
 /// HTTP/1.1 on `io` until it closes, the node stops, or its head is refused.
-async fn serve_io<IO>(io: IO, conn: &Arc<Conn>, app: Router, mut stop: watch::Receiver<bool>) -> End
+async fn serve_io<IO>(
+    io: IO,
+    conn: &Arc<Conn>,
+    app: Router,
+    body_read_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> End
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -394,6 +408,7 @@ where
         let conn = conn.clone();
         hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let guard = InFlight::new(conn.clone());
+            let request = request.map(|body| TimedBody::new(body, conn.clone(), body_read_timeout));
             let mut app = app.clone();
             async move {
                 let Ok(response) = tower_service::Service::call(&mut app, request).await;
@@ -498,6 +513,80 @@ impl Drop for InFlight {
         if state.in_flight == 0 {
             state.unflushed = true;
         }
+    }
+}
+
+/// A request's body, held to its connection's body deadline: set when the
+/// head is in, moved later by every byte received, cleared when the body
+/// ends or the handler drops it. The watchdog closes the connection past it.
+struct TimedBody {
+    body: Incoming,
+    conn: Arc<Conn>,
+    /// Whether the deadline is still set (the body has not ended).
+    timing: bool,
+}
+
+impl TimedBody {
+    fn new(body: Incoming, conn: Arc<Conn>, timeout: Duration) -> Self {
+        let timing = !http_body::Body::is_end_stream(&body);
+        if timing {
+            lock(&conn.state).body_deadline = Some(Instant::now() + timeout);
+            conn.wake.notify_one();
+        }
+        TimedBody { body, conn, timing }
+    }
+
+    /// The body ended, failed or was dropped: no more deadline.
+    fn done(&mut self) {
+        if std::mem::take(&mut self.timing) {
+            lock(&self.conn.state).body_deadline = None;
+            self.conn.wake.notify_one();
+        }
+    }
+}
+
+impl http_body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        match &frame {
+            Some(Ok(frame)) if this.timing => {
+                if let Some(data) = frame.data_ref() {
+                    let credit = Duration::from_secs_f64(
+                        data.len() as f64 / crate::http_limits::MIN_BODY_RATE as f64,
+                    );
+                    if let Some(deadline) = lock(&this.conn.state).body_deadline.as_mut() {
+                        *deadline += credit;
+                    }
+                }
+                if this.body.is_end_stream() {
+                    this.done();
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => this.done(),
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for TimedBody {
+    fn drop(&mut self) {
+        self.done();
     }
 }
 

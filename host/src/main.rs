@@ -67,6 +67,19 @@ enum Command {
     /// Make and hash API tokens and cluster secrets.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Compile the component on stdin to stdout (the node runs this).
+    #[command(hide = true)]
+    CompileWorker(CompileWorkerArgs),
+}
+
+#[derive(Args)]
+struct CompileWorkerArgs {
+    /// The address space this worker may use, in bytes.
+    #[arg(long)]
+    memory_limit: u64,
+    /// The node's max_memory_per_key, in bytes (an engine setting).
+    #[arg(long)]
+    max_memory_per_key: u64,
 }
 
 #[derive(Subcommand)]
@@ -227,10 +240,21 @@ struct NodeArgs {
     /// e.g. `60s`.
     #[arg(long, env = "FIEF_HTTP_IDLE_TIMEOUT", value_parser = humantime::parse_duration)]
     http_idle_timeout: Option<Duration>,
+    /// How long an API client has to send a request's body, e.g. `30s`
+    /// (plus a second per 16 KiB it sent).
+    #[arg(long, env = "FIEF_HTTP_BODY_READ_TIMEOUT", value_parser = humantime::parse_duration)]
+    http_body_read_timeout: Option<Duration>,
     /// Most API connections open at once (default: the lowest of 4096, 3/4
     /// of the open-file limit, and the limit less 256).
     #[arg(long, env = "FIEF_HTTP_MAX_CONNECTIONS")]
     http_max_connections: Option<u32>,
+    /// Longest a deploy's compile may take, e.g. `60s` (the compile worker
+    /// is killed at it).
+    #[arg(long, env = "FIEF_COMPILE_TIMEOUT", value_parser = humantime::parse_duration)]
+    compile_timeout: Option<Duration>,
+    /// The memory (address space) one compile may use, e.g. `4GiB`.
+    #[arg(long, env = "FIEF_COMPILE_MEMORY_LIMIT")]
+    compile_memory_limit: Option<ByteSize>,
     /// Directory of compiled components, so a restart does not recompile
     /// (default: `$XDG_CACHE_HOME/fief` or `~/.cache/fief`).
     #[arg(long, env = "FIEF_COMPILE_CACHE", conflicts_with = "no_compile_cache")]
@@ -324,6 +348,10 @@ struct StatusArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::CompileWorker(args) = &cli.command {
+        // Before any thread or runtime: the worker limits its own memory.
+        return fief::compile_worker::serve(args.memory_limit, args.max_memory_per_key);
+    }
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     match &cli.command {
@@ -373,6 +401,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Limbo(args) => limbo(args).await,
         Command::Cache(command) => cache(command).await,
         Command::Token(command) => token(command),
+        Command::CompileWorker(_) => bail!("the compile worker runs before the async runtime"),
     }
 }
 
@@ -401,8 +430,16 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         max_live_keys,
         max_host_bytes_per_tenant,
         http_header_read_timeout,
-        http_idle_timeout
+        http_idle_timeout,
+        http_body_read_timeout,
+        compile_timeout,
+        compile_memory_limit
     );
+    if config.compile_worker.is_none() {
+        // Compile in a process of this binary the node can kill and cap.
+        config.compile_worker =
+            Some(std::env::current_exe().context("finding this executable for compile_worker")?);
+    }
     for ceiling in &args.module_ceilings {
         let (name, value) = ceiling
             .split_once('=')

@@ -74,6 +74,7 @@ pub(crate) struct Metrics {
     calls: Family<Labels3, Counter>,
     call_seconds: Family<Labels1, Histogram>,
     compile_seconds: Family<Labels1, Histogram>,
+    options_lowered: Family<Labels1, Counter>,
     cache: Family<Labels1, Counter>,
     handoff_states: Family<Labels1, Counter>,
     guest_log_dropped: Family<Labels1, Counter>,
@@ -133,6 +134,7 @@ impl Metrics {
             Family::<Labels1, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
         let compile_seconds =
             Family::<Labels1, Histogram>::new_with_constructor(compile_histogram as fn() -> _);
+        let options_lowered = Family::<Labels1, Counter>::default();
         let cache = Family::<Labels1, Counter>::default();
         let handoff_states = Family::<Labels1, Counter>::default();
         let guest_log_dropped = Family::<Labels1, Counter>::default();
@@ -171,6 +173,11 @@ impl Metrics {
             "module_compile_seconds",
             "Time to make a deployed component runnable, by whether it came from the compile cache",
             compile_seconds.clone(),
+        );
+        r.register(
+            "module_options_lowered",
+            "Options of module versions loaded from the store that were over this node's ceiling and run lowered to it, by option",
+            options_lowered.clone(),
         );
         r.register(
             "cache_operations",
@@ -293,6 +300,7 @@ impl Metrics {
             calls,
             call_seconds,
             compile_seconds,
+            options_lowered,
             cache,
             handoff_states,
             guest_log_dropped,
@@ -371,6 +379,14 @@ impl Metrics {
         self.compile_seconds
             .get_or_create(&[("cached", cached.to_string())])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A stored module version's `option` was lowered to this node's
+    /// ceiling when it was loaded.
+    pub(crate) fn module_option_lowered(&self, option: &str) {
+        self.options_lowered
+            .get_or_create(&[("option", option.to_owned())])
+            .inc();
     }
 
     /// An API connection was admitted.

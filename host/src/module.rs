@@ -8,7 +8,9 @@
 //! what to do. A compiled module is an [`InstancePre`](wasmtime::component::InstancePre)
 //! wrapped by the generated bindings, so activating a key skips all import
 //! resolution. Compilation goes through the node's
-//! [compile cache](crate::compile_cache) when it has one.
+//! [compile cache](crate::compile_cache) when it has one, and happens either
+//! on a thread of the node ([`compile`]) or in a compile worker process
+//! ([`crate::compile_worker`]; [`check`] before it, [`finish`] after).
 
 use std::time::{Duration, SystemTime};
 
@@ -306,28 +308,80 @@ fn check_code_size(bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Validate and compile a module. CPU-heavy: call it off the async runtime.
-pub(crate) fn compile(
-    runtime: &Runtime,
-    bytes: &[u8],
-    options: ModuleOptions,
-    version: u64,
-) -> Result<CompiledModule> {
+/// A component that passed the static checks, before it is compiled.
+pub(crate) struct Checked {
+    /// SHA-256 of the component, lowercase hex.
+    pub(crate) content_hash: String,
+    /// Its compiled code, when the node's compile cache has it.
+    pub(crate) cached: Option<Component>,
+}
+
+/// Where a module's compiled code came from.
+pub(crate) enum Code {
+    /// The compile cache.
+    Cached(Component),
+    /// Compiled on a thread of the node.
+    Compiled(Component),
+    /// A compile worker's artifact ([`crate::compile_worker`]), not loaded
+    /// yet.
+    Artifact(Vec<u8>),
+}
+
+/// Run the static checks on a component and look it up in the compile
+/// cache: everything before compiling. Parses the whole component: call it
+/// off the async runtime.
+///
+/// # Errors
+///
+/// [`Error::InvalidModule`] saying what is wrong.
+pub(crate) fn check(runtime: &Runtime, bytes: &[u8], options: &ModuleOptions) -> Result<Checked> {
     check_binary_kind(bytes)?;
     check_interface(bytes)?;
-    check_memories(bytes, &options)?;
+    check_memories(bytes, options)?;
     check_code_size(bytes)?;
-    let started = std::time::Instant::now();
     let content_hash = content_hash(bytes);
-    let cache = runtime.compile_cache.as_ref();
-    let cached = cache.and_then(|cache| cache.load(&runtime.engine, &content_hash));
-    let compile_cached = cached.is_some();
-    let component = match cached {
-        Some(component) => component,
-        None => Component::new(&runtime.engine, bytes)
-            .map_err(|e| Error::InvalidModule(format!("the component does not compile: {e:#}")))?,
+    let cached = runtime
+        .compile_cache
+        .as_ref()
+        .and_then(|cache| cache.load(&runtime.engine, &content_hash));
+    Ok(Checked {
+        content_hash,
+        cached,
+    })
+}
+
+/// Make a module version of checked, compiled `code`: its `InstancePre`,
+/// checked against the node's linker and the key-module world, and its
+/// compilation stored in the compile cache if it did not come from there.
+/// `compile_time` is how long getting `code` took.
+///
+/// # Errors
+///
+/// [`Error::InvalidModule`] when it needs an import the node does not grant
+/// or is not a key module; [`Error::Internal`] when a worker's artifact does
+/// not load.
+pub(crate) fn finish(
+    runtime: &Runtime,
+    checked: Checked,
+    code: Code,
+    size_bytes: usize,
+    options: ModuleOptions,
+    version: u64,
+    compile_time: std::time::Duration,
+) -> Result<CompiledModule> {
+    let Checked { content_hash, .. } = checked;
+    let compile_cached = matches!(code, Code::Cached(_));
+    let (component, artifact) = match code {
+        Code::Cached(component) | Code::Compiled(component) => (component, None),
+        Code::Artifact(artifact) => (
+            crate::compile_cache::load_artifact(&runtime.engine, &artifact).map_err(|e| {
+                Error::Internal(format!(
+                    "the compile worker's artifact does not load into this node's engine ({e});                      the compile_worker program must be the same fief build as the node"
+                ))
+            })?,
+            Some(artifact),
+        ),
     };
-    let compile_time = started.elapsed();
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         Error::InvalidModule(format!(
             "the component needs an import this node does not grant ({e:#}); a key module may import only fief:key/host@0.1.0 and WASI 0.2"
@@ -340,19 +394,50 @@ pub(crate) fn compile(
     })?;
     // Cache only what passed validation, so a refused component costs a
     // compile every time but never fills the disk.
-    if let (Some(cache), false) = (cache, compile_cached) {
-        cache.store(&content_hash, &component);
+    if let (Some(cache), false) = (runtime.compile_cache.as_ref(), compile_cached) {
+        match artifact {
+            Some(artifact) => cache.store_artifact(&content_hash, &artifact),
+            None => cache.store(&content_hash, &component),
+        }
     }
     Ok(CompiledModule {
         pre,
         version,
         options,
-        size_bytes: bytes.len(),
+        size_bytes,
         compile_time,
         compile_cached,
         content_hash,
         deployed_at: SystemTime::now(),
     })
+}
+
+/// Validate and compile a module on this thread. CPU-heavy: call it off
+/// the async runtime.
+pub(crate) fn compile(
+    runtime: &Runtime,
+    bytes: &[u8],
+    options: ModuleOptions,
+    version: u64,
+) -> Result<CompiledModule> {
+    let mut checked = check(runtime, bytes, &options)?;
+    let started = std::time::Instant::now();
+    let code =
+        match checked.cached.take() {
+            Some(component) => Code::Cached(component),
+            None => Code::Compiled(Component::new(&runtime.engine, bytes).map_err(|e| {
+                Error::InvalidModule(format!("the component does not compile: {e:#}"))
+            })?),
+        };
+    finish(
+        runtime,
+        checked,
+        code,
+        bytes.len(),
+        options,
+        version,
+        started.elapsed(),
+    )
 }
 
 #[cfg(test)]

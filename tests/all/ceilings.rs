@@ -6,11 +6,17 @@
 //! with a message naming the option, the value and the ceiling, and nothing
 //! is stored; the operator sets the ceilings (`NodeConfig::module_ceilings`,
 //! `[module_ceilings]` in the config file, `--module-ceiling NAME=VALUE`).
+//! A version stored before a ceiling was lowered is loaded with each option
+//! over it lowered to the ceiling, logged and counted (docs/operations.md,
+//! "Module ceilings").
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use fief::arbiter::{Arbiter, LocalArbiter};
+use fief::core::PartitionCount;
 use fief::{Error, Instance, ModuleCeilings, ModuleOptions, NodeConfig};
-use fief_tests::{guests, test_config};
+use fief_tests::{HttpServer, call_text, guests, test_config};
 
 async fn refused(node: &Instance, options: ModuleOptions) -> String {
     match node
@@ -173,4 +179,74 @@ fn ceilings_are_named_and_parsed_with_clear_errors() {
         why.contains("cpu_limit (100ms) is over this node's ceiling (50ms)"),
         "{why}"
     );
+}
+
+/// Finding 2, on load: a version stored under higher ceilings is loaded by a
+/// node restarted with lower ones, with each option over a ceiling lowered
+/// to it (the others as stored), counted in the metrics; the store keeps
+/// what was deployed, and the key runs.
+#[tokio::test]
+async fn a_stored_version_over_a_lowered_ceiling_loads_with_the_option_lowered() {
+    let arbiter: Arc<dyn Arbiter> = Arc::new(LocalArbiter::new(
+        Arc::new(fief::TokioClock::new()),
+        PartitionCount::new(test_config().partitions).unwrap(),
+    ));
+    let stored = ModuleOptions {
+        cpu_limit: Duration::from_secs(5),
+        mailbox_depth: 4096,
+        max_timers_per_key: 100,
+        ..ModuleOptions::default()
+    };
+    let generous = Instance::builder(NodeConfig {
+        module_ceilings: ModuleCeilings::default(),
+        ..test_config()
+    })
+    .arbiter(arbiter.clone())
+    .start()
+    .await
+    .unwrap();
+    generous
+        .deploy("counter", guests::bytes(guests::COUNTER), stored.clone())
+        .await
+        .expect("within the default ceilings");
+    generous.leave(Duration::from_secs(10)).await.unwrap();
+    generous.shutdown().await;
+
+    let mut lower = ModuleCeilings::default();
+    lower.set("cpu_limit", "1s").unwrap();
+    lower.set("mailbox_depth", "1024").unwrap();
+    let strict = Arc::new(
+        Instance::builder(NodeConfig {
+            module_ceilings: lower,
+            ..test_config()
+        })
+        .arbiter(arbiter.clone())
+        .start()
+        .await
+        .expect("a stored version over a ceiling does not stop the start"),
+    );
+    let modules = strict.status().modules;
+    assert_eq!(modules.len(), 1, "loaded at start: {modules:?}");
+    let running = &modules[0].options;
+    assert_eq!(running.cpu_limit, Duration::from_secs(1), "lowered");
+    assert_eq!(running.mailbox_depth, 1024, "lowered");
+    assert_eq!(running.max_timers_per_key, 100, "within its ceiling: kept");
+    assert_eq!(call_text(&strict, "counter", "k", "incr").await, "1");
+    let listing = strict.modules().await.unwrap();
+    assert_eq!(
+        listing[0].versions[0].options, stored,
+        "the store keeps what was deployed"
+    );
+    let server = HttpServer::start(strict.clone()).await;
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for option in ["cpu_limit", "mailbox_depth"] {
+        let series = format!("fief_module_options_lowered_total{{option=\"{option}\"}} 1");
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("option=\"max_timers_per_key\""));
 }

@@ -151,3 +151,103 @@ async fn an_unusable_cache_directory_is_a_clear_start_error() {
     assert!(text.contains("compile cache"), "{text}");
     assert!(text.contains("--compile-cache"), "{text}");
 }
+
+/// The names of the cache's entries, as the content hashes they hold.
+fn cached_hashes(dir: &Path) -> Vec<String> {
+    let mut hashes: Vec<String> = cache_entries(dir)
+        .iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.split('-').next().unwrap().to_owned()
+        })
+        .collect();
+    hashes.sort();
+    hashes
+}
+
+fn sorted(mut hashes: Vec<String>) -> Vec<String> {
+    hashes.sort();
+    hashes
+}
+
+/// Issue "Hostile tenants cannot hurt the node or each other", finding 4: a
+/// bomb's 86 MB compiled-cache file stayed on disk after its undeploy. Now
+/// undeploy, a redeploy and a rollback remove the entries of components no
+/// module's current version (nor this node) uses any more, and keep the
+/// others; a rollback compiles its version again.
+#[tokio::test]
+async fn undeploy_redeploy_and_rollback_remove_unused_cache_entries() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let node = Instance::start_embedded(config_with_cache(dir.path()))
+        .await
+        .expect("node starts");
+    let deploy = |name: &'static str, guest: &'static str| {
+        let node = &node;
+        async move {
+            node.deploy(name, &guests::bytes(guest), ModuleOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("{name} deploys: {e}"))
+                .content_hash
+        }
+    };
+    let counter = deploy("a", guests::COUNTER).await;
+    let probe = deploy("b", guests::PROBE).await;
+    assert_eq!(
+        cached_hashes(dir.path()),
+        sorted(vec![counter.clone(), probe.clone()])
+    );
+
+    // A redeploy of `a` leaves its first version's component unused.
+    let quiet = deploy("a", guests::QUIET).await;
+    node.sync_modules().await.unwrap();
+    assert_eq!(
+        cached_hashes(dir.path()),
+        sorted(vec![probe.clone(), quiet.clone()]),
+        "the redeploy dropped the counter's entry"
+    );
+
+    // A rollback past version 2 leaves that version's component unused,
+    // and compiles version 1 again.
+    let back = node.rollback("a", 1).await.unwrap();
+    assert_eq!(back.content_hash, counter);
+    assert_eq!(
+        cached_hashes(dir.path()),
+        sorted(vec![counter.clone(), probe.clone()]),
+        "the rollback dropped quiet's entry and cached the counter again"
+    );
+    assert_eq!(call_text(&node, "a", "k", "incr").await, "1");
+
+    node.undeploy("b").await.unwrap();
+    assert_eq!(cached_hashes(dir.path()), vec![counter.clone()]);
+    node.undeploy("a").await.unwrap();
+    assert!(
+        cached_hashes(dir.path()).is_empty(),
+        "nothing left after undeploying everything: {:?}",
+        cache_entries(dir.path())
+    );
+    node.shutdown().await;
+}
+
+/// A module used by two names keeps its entry while either uses it.
+#[tokio::test]
+async fn an_entry_shared_by_two_modules_stays_until_both_are_gone() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let node = Instance::start_embedded(config_with_cache(dir.path()))
+        .await
+        .expect("node starts");
+    let bytes = guests::bytes(guests::COUNTER);
+    node.deploy("one", &bytes, ModuleOptions::default())
+        .await
+        .unwrap();
+    let two = node
+        .deploy("two", &bytes, ModuleOptions::default())
+        .await
+        .unwrap();
+    assert!(two.compile_cached, "the second name shares the entry");
+    node.undeploy("one").await.unwrap();
+    assert_eq!(cached_hashes(dir.path()), vec![two.content_hash.clone()]);
+    assert_eq!(call_text(&node, "two", "k", "incr").await, "1");
+    node.undeploy("two").await.unwrap();
+    assert!(cached_hashes(dir.path()).is_empty());
+    node.shutdown().await;
+}

@@ -5,7 +5,9 @@
 //! is closed at the header-read timeout (a TLS handshake that never comes
 //! too), a kept-alive connection at the idle timeout and not before; heads
 //! over the limits get `414` and `431` with JSON bodies; a cap that does not
-//! fit the open-file limit is refused at start. See docs/security.md.
+//! fit the open-file limit is refused at start; a body that stalls or
+//! dribbles is cut off at the body-read timeout, and one over the size limit
+//! gets a JSON `413`. See docs/security.md.
 //!
 //! Time bounds are lower bounds the server cannot beat (it starts its clock
 //! after the client's) and generous upper ones: a loaded machine only
@@ -308,6 +310,81 @@ async fn a_head_sent_too_slowly_is_closed_at_the_header_read_timeout() {
     .unwrap_or_else(|_| panic!("the dripping connection was still open after {bound:?}"));
     assert!(waited >= header_read, "closed after {waited:?}");
     drip.abort();
+}
+
+/// Finding 5, bodies: a client that sends a call's head and then stalls, or
+/// dribbles its body a byte every 200 ms, is cut off at the body-read
+/// timeout (plus the little its bytes earned), not before; a call with a
+/// whole body still succeeds meanwhile, and one past the message size
+/// limit gets a JSON `413`.
+#[tokio::test]
+async fn a_body_that_stalls_or_dribbles_is_cut_off_at_the_body_read_timeout() {
+    let body_read = Duration::from_secs(2);
+    let config = NodeConfig {
+        http_body_read_timeout: body_read,
+        ..limits(None, Duration::from_secs(120), Duration::from_secs(120))
+    };
+    let (addr, _stop) = api(config, ApiOptions::default()).await;
+    let head =
+        b"POST /v1/keys/counter/bob/call HTTP/1.1\r\nHost: fief\r\nContent-Length: 100\r\n\r\n";
+    let start = Instant::now();
+    let mut stalled = TcpStream::connect(&addr).await.unwrap();
+    stalled.write_all(head).await.unwrap();
+    stalled.write_all(b"in").await.unwrap();
+    let dribbling = TcpStream::connect(&addr).await.unwrap();
+    let (mut reader, mut writer) = dribbling.into_split();
+    writer.write_all(head).await.unwrap();
+    let drip = tokio::spawn(async move {
+        for _ in 0..99 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if writer.write_all(b"a").await.is_err() {
+                return;
+            }
+        }
+    });
+    // Meanwhile the API serves (the first call of `counter/alice`).
+    calls_succeed(&addr, 0).await;
+    let bound = Duration::from_secs(40);
+    let elapsed = closed_within(&mut stalled, start, bound)
+        .await
+        .unwrap_or_else(|| panic!("the stalled body was still open after {bound:?}"));
+    assert!(
+        elapsed >= body_read,
+        "cut after {elapsed:?}, before the timeout"
+    );
+    let mut buf = [0u8; 1024];
+    let waited = tokio::time::timeout(bound, async {
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return start.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the dribbling body was still open after {bound:?}"));
+    assert!(waited >= body_read, "cut after {waited:?}");
+    // The whole body takes 19.8 s to dribble: it was cut part way.
+    assert!(waited < Duration::from_secs(19), "cut after {waited:?}");
+    drip.abort();
+    assert!(
+        metric(
+            &addr,
+            "fief_api_connections_closed_total{reason=\"body_timeout\"}"
+        )
+        .await
+            >= 2.0
+    );
+    calls_succeed(&addr, 1).await;
+
+    // Past the message size limit (1 MiB): a JSON 413, at once.
+    let too_big = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/keys/counter/alice/call"))
+        .body(vec![b'x'; 2 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(too_big, 413).await, "message_too_large");
 }
 
 #[tokio::test]

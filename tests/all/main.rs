@@ -8,6 +8,7 @@ mod cache;
 mod ceilings;
 mod chaos;
 mod cluster;
+mod compile_bombs;
 mod compile_cache;
 mod config;
 mod dashboard;

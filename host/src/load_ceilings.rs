@@ -1,0 +1,153 @@
+//! The node's ceilings over a module version it *loads* from the store, as
+//! opposed to one deployed through it (which [`ModuleCeilings::check`]
+//! refuses outright).
+//!
+//! A version stored before the operator lowered a ceiling (on this node, or
+//! by a node with higher ceilings) is still loaded at start and on every
+//! follower round: refusing it would leave its keys unserved cluster-wide
+//! for a setting only this node has. It runs here with every option over a
+//! ceiling lowered to the ceiling, and each lowering is logged as a warning
+//! naming the module, version, option, stored value and ceiling, and counted
+//! (`fief_module_options_lowered_total`). The store keeps what was deployed;
+//! a node with higher ceilings runs it as stored.
+//!
+//! Must not: raise an option, or change one that is within its ceiling.
+
+use crate::config::{ByteSize, ModuleCeilings, ModuleOptions, NodeConfig};
+
+/// One option lowered to its ceiling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lowered {
+    /// The option's name (`cpu_limit`).
+    pub(crate) option: &'static str,
+    /// What the stored version asked for, as text.
+    pub(crate) value: String,
+    /// The ceiling it runs under here, as text.
+    pub(crate) ceiling: String,
+}
+
+/// `options` with every option over one of `node`'s ceilings lowered to it
+/// (the module ceilings, `max_memory_per_key` for `memory_limit`, and
+/// `max_message_size` for the message, reply and handoff sizes), and what was
+/// lowered.
+pub(crate) fn lower_to_ceilings(
+    node: &NodeConfig,
+    options: &ModuleOptions,
+) -> (ModuleOptions, Vec<Lowered>) {
+    let mut lowered = Vec::new();
+    let mut o = options.clone();
+    let c: &ModuleCeilings = &node.module_ceilings;
+    fn cap<T: PartialOrd + Copy + std::fmt::Debug>(
+        lowered: &mut Vec<Lowered>,
+        option: &'static str,
+        value: &mut T,
+        ceiling: T,
+    ) {
+        if *value > ceiling {
+            lowered.push(Lowered {
+                option,
+                value: format!("{value:?}"),
+                ceiling: format!("{ceiling:?}"),
+            });
+            *value = ceiling;
+        }
+    }
+    cap(&mut lowered, "cpu_limit", &mut o.cpu_limit, c.cpu_limit);
+    cap(
+        &mut lowered,
+        "idle_timeout",
+        &mut o.idle_timeout,
+        c.idle_timeout,
+    );
+    cap(
+        &mut lowered,
+        "max_live_keys",
+        &mut o.max_live_keys,
+        c.max_live_keys,
+    );
+    cap(
+        &mut lowered,
+        "mailbox_depth",
+        &mut o.mailbox_depth,
+        c.mailbox_depth,
+    );
+    cap(
+        &mut lowered,
+        "max_timers_per_key",
+        &mut o.max_timers_per_key,
+        c.max_timers_per_key,
+    );
+    cap(
+        &mut lowered,
+        "max_subscriptions_per_key",
+        &mut o.max_subscriptions_per_key,
+        c.max_subscriptions_per_key,
+    );
+    cap(
+        &mut lowered,
+        "max_publishes_per_second",
+        &mut o.max_publishes_per_second,
+        c.max_publishes_per_second,
+    );
+    cap(
+        &mut lowered,
+        "memory_limit",
+        &mut o.memory_limit,
+        node.max_memory_per_key,
+    );
+    for (option, size) in [
+        ("max_message_size", &mut o.max_message_size),
+        ("max_reply_size", &mut o.max_reply_size),
+        ("max_handoff_size", &mut o.max_handoff_size),
+    ] {
+        if let Some(size) = size.as_mut() {
+            let ceiling: ByteSize = node.max_message_size;
+            cap(&mut lowered, option, size, ceiling);
+        }
+    }
+    (o, lowered)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn only_options_over_a_ceiling_are_lowered() {
+        let mut node = NodeConfig::default();
+        node.module_ceilings.cpu_limit = Duration::from_secs(1);
+        node.module_ceilings.mailbox_depth = 100;
+        let stored = ModuleOptions {
+            cpu_limit: Duration::from_secs(30),
+            mailbox_depth: 50,
+            max_timers_per_key: 10,
+            memory_limit: ByteSize::gib(1),
+            max_reply_size: Some(ByteSize::mib(8)),
+            ..ModuleOptions::default()
+        };
+        let (options, lowered) = lower_to_ceilings(&node, &stored);
+        assert_eq!(options.cpu_limit, Duration::from_secs(1));
+        assert_eq!(options.mailbox_depth, 50, "under its ceiling: unchanged");
+        assert_eq!(options.memory_limit, node.max_memory_per_key);
+        assert_eq!(options.max_reply_size, Some(node.max_message_size));
+        let names: Vec<_> = lowered.iter().map(|l| l.option).collect();
+        assert_eq!(names, ["cpu_limit", "memory_limit", "max_reply_size"]);
+        assert_eq!(lowered[0].value, "30s");
+        assert_eq!(lowered[0].ceiling, "1s");
+        assert!(
+            options
+                .validate_for(&node, &node.lease_timing().unwrap())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn options_within_every_ceiling_are_kept() {
+        let node = NodeConfig::default();
+        let (options, lowered) = lower_to_ceilings(&node, &ModuleOptions::default());
+        assert_eq!(options, ModuleOptions::default());
+        assert!(lowered.is_empty());
+    }
+}
