@@ -372,6 +372,10 @@ fn a_huge_fence_stop_reason_is_cut_where_it_enters_the_host() {
                 guests::HOSTILE,
                 ModuleOptions {
                     on_fence: OnFence::Callback,
+                    // Building the 30 MB reason takes the guest a while on
+                    // a loaded machine: the default 50 ms deadline killed it
+                    // before it answered (under a load average of 7-8).
+                    handle_fence_deadline: Duration::from_secs(1),
                     ..options(Duration::from_secs(5), 100)
                 },
             )],
