@@ -193,12 +193,14 @@ pub(crate) fn render(status: &Value) -> String {
     for module in status["modules"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "  module {} v{}: {} live keys, {} bytes, on_fence {}",
+            "  module {} v{}: {} live keys, {} bytes, on_fence {}, cpu {:.3} s, throttled {:.3} s",
             text(&module["name"]),
             module["version"],
             module["live_keys"],
             module["size_bytes"],
-            module["options"]["on_fence"].as_str().unwrap_or("?")
+            module["options"]["on_fence"].as_str().unwrap_or("?"),
+            module["cpu_seconds"].as_f64().unwrap_or(0.0),
+            module["throttled_seconds"].as_f64().unwrap_or(0.0)
         );
     }
     out
@@ -240,5 +242,6 @@ mod tests {
         assert!(text.contains("[####----------------]"), "{text}");
         assert!(text.contains("in limbo: 1"), "{text}");
         assert!(text.contains("module counter v1"), "{text}");
+        assert!(text.contains("throttled 0.000 s"), "{text}");
     }
 }

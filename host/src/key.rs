@@ -32,12 +32,14 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
+use crate::cpu_budget::{CpuBudget, CpuMeter, metered};
 use crate::error::{Error, Result};
 use crate::guest_log::{GuestLogger, LogLimits, MAX_GUEST_ERROR, bounded};
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
 use crate::sandbox::PublishBucket;
+use crate::scheduler::{Scheduler, Seat};
 
 /// Most elements one table of a key may grow to (`table.grow` past it traps
 /// the key); the pool's per-table slot may be smaller.
@@ -84,6 +86,9 @@ pub(crate) struct KeyControl {
     death: Mutex<Option<String>>,
     /// Inline calls so far (the idle timeout counts them as messages).
     inline_calls: AtomicU64,
+    /// Set by the epoch callback when an inline call used its first slice:
+    /// its caller hands it to the key's task (see [`InlineCall`]).
+    demote: AtomicBool,
 }
 
 impl Default for KeyControl {
@@ -102,6 +107,7 @@ impl Default for KeyControl {
             has_orphan: AtomicBool::new(false),
             death: Mutex::new(None),
             inline_calls: AtomicU64::new(0),
+            demote: AtomicBool::new(false),
         }
     }
 }
@@ -230,9 +236,30 @@ type InlineFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send>>;
 /// An inline call, as its caller polls it. Dropped before it finished (the
 /// caller timed out or went away), it hands the call to the key's task,
 /// which finishes it: the key never sees a call cut in half.
+///
+/// It also hands the call to the key's task when the call is *demoted*:
+/// still running at its first epoch tick, it continues on the guest threads
+/// (`crate::scheduler`) while the caller waits for its reply, so a long
+/// callback never holds the caller's worker (an API or peer-link worker)
+/// for more than one slice.
 struct InlineCall {
     future: Option<InlineFuture>,
     control: Arc<KeyControl>,
+    /// The key's CPU meter: the caller's polls are the key's time too.
+    cpu: Arc<CpuMeter>,
+    /// The reply of a demoted call, from the key's task.
+    demoted: Option<oneshot::Receiver<Result<Vec<u8>>>>,
+}
+
+impl InlineCall {
+    fn new(future: InlineFuture, control: Arc<KeyControl>, cpu: Arc<CpuMeter>) -> Self {
+        InlineCall {
+            future: Some(future),
+            control,
+            cpu,
+            demoted: None,
+        }
+    }
 }
 
 impl Future for InlineCall {
@@ -242,12 +269,32 @@ impl Future for InlineCall {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let future = self.future.as_mut().expect("polled after it finished");
-        let poll = future.as_mut().poll(cx);
-        if poll.is_ready() {
-            self.future = None;
+        use std::task::Poll;
+        let this = &mut *self;
+        if let Some(future) = this.future.as_mut() {
+            let poll = crate::cpu_budget::poll_metered(&this.cpu, future.as_mut(), cx);
+            if poll.is_ready() {
+                self.future = None;
+                return poll;
+            }
+            if !self.control.demote.swap(false, Ordering::SeqCst) {
+                return Poll::Pending;
+            }
+            // The epoch callback yielded at the first tick: let the key's
+            // task finish the call, and wait for its reply.
+            let future = self.future.take().expect("checked above");
+            let (reply, demoted) = oneshot::channel();
+            self.control.adopt(Box::pin(async move {
+                let outcome = future.await;
+                let _ = reply.send(outcome);
+                Ok(Vec::new())
+            }));
+            self.demoted = Some(demoted);
         }
-        poll
+        let demoted = self.demoted.as_mut().expect("polled after it finished");
+        Pin::new(demoted).poll(cx).map(|reply| {
+            reply.unwrap_or_else(|_| Err(Error::KeyDied("the key process went away".to_owned())))
+        })
     }
 }
 
@@ -268,6 +315,9 @@ async fn run_inline(
     let Some(running) = process.as_mut() else {
         return Err(Error::KeyDied("the key process went away".to_owned()));
     };
+    // Its first yield demotes it to the key's task (see `InlineCall`).
+    control.demote.store(false, Ordering::SeqCst);
+    running.store.data_mut().inline = true;
     // The guest traps at its next epoch check once killed; a kill while it
     // waits on the host (e.g. a host call) ends the call here.
     let outcome = {
@@ -279,6 +329,9 @@ async fn run_inline(
             () = control.killed() => None,
         }
     };
+    if let Some(running) = process.as_mut() {
+        running.store.data_mut().inline = false;
+    }
     match outcome {
         Some(Ok(result)) => result.map_err(Error::Rejected),
         Some(Err(Death(why))) => {
@@ -392,6 +445,17 @@ pub(crate) struct KeyCtx {
     /// Set when the epoch callback yielded: the first epoch check after the
     /// guest resumes calls back again (see the callback).
     resuming: bool,
+    /// Set while a callback runs inline on a caller's task: its first yield
+    /// demotes it to the key's task (see [`InlineCall`]).
+    inline: bool,
+    /// What the key used (its task's polls and inline calls' move it).
+    cpu: Arc<CpuMeter>,
+    /// The key's `cpu_budget`; `None` for a whole core.
+    budget: Option<CpuBudget>,
+    /// The node's scheduler, the key's place in it, and its tenant.
+    scheduler: Arc<Scheduler>,
+    seat: Arc<Seat>,
+    tenant: Arc<str>,
     /// Why the host interrupted the guest, when it did (CPU or memory limit).
     death: Option<String>,
     pub(crate) timers: HashMap<u64, AbortHandle>,
@@ -472,6 +536,35 @@ impl KeyCtx {
         self.cpu_ticks > self.cpu_limit_ticks
     }
 
+    /// What a yielding callback waits for before its next slice: the end
+    /// of its throttling if it is over its `cpu_budget`, then its turn.
+    fn next_slice(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (scheduler, seat, tenant) = (
+            self.scheduler.clone(),
+            self.seat.clone(),
+            self.tenant.clone(),
+        );
+        match self.throttle() {
+            None => Box::pin(scheduler.next_turn(&tenant, &seat)),
+            Some(wait) => {
+                scheduler.release(&seat);
+                let cpu = self.cpu.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(wait).await;
+                    cpu.throttled(wait);
+                    scheduler.next_turn(&tenant, &seat).await;
+                })
+            }
+        }
+    }
+
+    /// How long the key must wait for its `cpu_budget` before it runs
+    /// again, if it is over it.
+    fn throttle(&mut self) -> Option<Duration> {
+        let budget = self.budget.as_mut()?;
+        budget.wait(self.cpu.used_nanos(), std::time::Instant::now())
+    }
+
     fn cpu_limit_death(&self) -> String {
         format!(
             "CPU limit exceeded: the callback ran for more than {} epoch ticks (cpu_limit), its \
@@ -494,6 +587,8 @@ pub(crate) struct Death(pub(crate) String);
 pub(crate) struct KeyProcess {
     store: Store<KeyCtx>,
     guest: KeyModule,
+    /// The key's CPU meter (the key's task and inline calls move it).
+    cpu: Arc<CpuMeter>,
 }
 
 impl KeyProcess {
@@ -503,6 +598,7 @@ impl KeyProcess {
         module: &CompiledModule,
         env: Arc<KeyEnv>,
         handoff: Option<Vec<u8>>,
+        cpu: Arc<CpuMeter>,
     ) -> Result<Self> {
         let options = &module.options;
         let log = Arc::new(GuestLogger::new(
@@ -524,6 +620,7 @@ impl KeyProcess {
             .build();
         let tick = node.config.epoch_tick.as_nanos().max(1);
         let cpu_limit_ticks = (options.cpu_limit.as_nanos() / tick).max(1) as u64;
+        let tenant: Arc<str> = Arc::from(crate::auth::tenant_of(&env.module).unwrap_or(""));
         let ctx = KeyCtx {
             wasi,
             table: crate::sandbox::resource_table(),
@@ -536,6 +633,16 @@ impl KeyProcess {
             host_nanos: 0,
             log,
             resuming: false,
+            inline: false,
+            cpu: cpu.clone(),
+            budget: CpuBudget::new(
+                options.cpu_budget,
+                options.cpu_budget_window,
+                std::time::Instant::now(),
+            ),
+            scheduler: node.runtime.scheduler.clone(),
+            seat: Arc::new(Seat::default()),
+            tenant,
             death: None,
             timers: HashMap::new(),
             next_timer: 1,
@@ -575,13 +682,20 @@ impl KeyProcess {
             if resumed {
                 return Ok(UpdateDeadline::Continue(1));
             }
-            // Let other keys run on this worker thread. The deadline after
-            // the yield is the epoch at resumption (delta 0), so the guest's
-            // first check after it resumes calls back and reads the kill
-            // flag again: a kill (and its epoch bump) that lands while the
-            // key waits to be resumed is not absorbed into the new deadline.
+            // Let other keys run. The deadline after the yield is the epoch
+            // at resumption (delta 0), so the guest's first check after it
+            // resumes calls back and reads the kill flag again: a kill (and
+            // its epoch bump) that lands while the key waits to be resumed
+            // is not absorbed into the new deadline.
             ctx.resuming = true;
-            Ok(UpdateDeadline::Yield(0))
+            if std::mem::take(&mut ctx.inline) {
+                // Its first slice is used on a caller's task: the caller
+                // hands it to the key's task (`InlineCall`), where it waits
+                // for its turn with the other long callbacks.
+                ctx.env.control.demote.store(true, Ordering::SeqCst);
+                return Ok(UpdateDeadline::Yield(0));
+            }
+            Ok(UpdateDeadline::YieldCustom(0, ctx.next_slice()))
         });
         let guest = match module.pre.instantiate_async(&mut store).await {
             Ok(guest) => guest,
@@ -601,13 +715,14 @@ impl KeyProcess {
                 return Err(Error::KeyDied(format!("instantiation failed: {why}")));
             }
         };
-        let mut process = KeyProcess { store, guest };
+        let mut process = KeyProcess { store, guest, cpu };
         process.begin_callback();
         let init = process
             .guest
             .fief_key_lifecycle()
             .call_init(&mut process.store, &env.key, handoff.as_deref())
             .await;
+        process.end_callback();
         match init {
             Ok(Ok(())) => Ok(process),
             // Guest text is cut where it enters the host: the refusal goes
@@ -615,6 +730,18 @@ impl KeyProcess {
             Ok(Err(refusal)) => Err(Error::InitRefused(bounded(refusal, MAX_GUEST_ERROR))),
             Err(e) => Err(Error::KeyDied(process.death(&e).0)),
         }
+    }
+
+    /// The callback ended: give back its turn, if it holds one.
+    fn end_callback(&mut self) {
+        let ctx = self.store.data();
+        ctx.scheduler.release(&ctx.seat);
+    }
+
+    /// How long the key must wait for its `cpu_budget` before its next
+    /// callback, if it is over it.
+    fn throttle(&mut self) -> Option<Duration> {
+        self.store.data_mut().throttle()
     }
 
     fn begin_callback(&mut self) {
@@ -637,6 +764,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_call(&mut self.store, message)
             .await;
+        self.end_callback();
         // The guest's error is cut where it enters the host: it travels to
         // the caller (and on to HTTP, logs and peers) like a reply.
         r.map(|result| result.map_err(|why| bounded(why, MAX_GUEST_ERROR)))
@@ -650,6 +778,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_cast(&mut self.store, message)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -667,6 +796,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_info(&mut self.store, info)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -678,6 +808,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_fence(&mut self.store, deadline_ms)
             .await;
+        self.end_callback();
         r.map(|decision| match decision {
             FenceDecision::Stop(reason) => FenceDecision::Stop(bounded(reason, MAX_GUEST_ERROR)),
             other => other,
@@ -692,6 +823,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handoff(&mut self.store)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -702,6 +834,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_terminate(&mut self.store, reason)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -922,15 +1055,10 @@ impl ModuleSlot {
             },
         );
         drop(keys);
-        node.tasks.spawn(run_key(
-            node.clone(),
-            self.clone(),
-            module,
-            env,
-            rx,
-            handoff,
-            held,
-        ));
+        node.tasks.spawn_on(
+            run_key(node.clone(), self.clone(), module, env, rx, handoff, held),
+            &node.guest,
+        );
         Ok(())
     }
 
@@ -954,18 +1082,14 @@ impl ModuleSlot {
     ) -> Result<Vec<u8>> {
         if via == Via::Routed
             && !node.reports_events()
-            && let Some((process, control)) = self.try_inline(key)
+            && let Some((process, control, cpu)) = self.try_inline(key)
         {
             // Served only while the node may act; otherwise the key's task
             // decides (a terminate key dies, a survivor refuses).
             if !control.is_killed() && !control.is_survivor() && node.may_act() {
                 control.touch();
                 let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
-                return InlineCall {
-                    future: Some(future),
-                    control,
-                }
-                .await;
+                return InlineCall::new(future, control, cpu).await;
             }
         }
         let (reply, rx) = oneshot::channel();
@@ -986,7 +1110,7 @@ impl ModuleSlot {
 
     /// The key's process, if the key is live and idle: its mailbox is empty,
     /// its task is not processing a message, and no one else holds it.
-    fn try_inline(&self, key: &str) -> Option<(ProcessGuard, Arc<KeyControl>)> {
+    fn try_inline(&self, key: &str) -> Option<(ProcessGuard, Arc<KeyControl>, Arc<CpuMeter>)> {
         let keys = lock(&self.keys);
         let handle = keys.get(key)?;
         // Mailbox first, then `receiving`: a message the task took out
@@ -994,11 +1118,17 @@ impl ModuleSlot {
         if handle.tx.capacity() != handle.tx.max_capacity() {
             return None;
         }
-        let process = handle.process.clone().try_lock_owned().ok()?;
-        if process.is_none() || handle.control.receiving.load(Ordering::SeqCst) {
+        let mut process = handle.process.clone().try_lock_owned().ok()?;
+        if handle.control.receiving.load(Ordering::SeqCst) {
             return None;
         }
-        Some((process, handle.control.clone()))
+        // A key over its CPU budget waits on its own task, not a caller's.
+        let running = process.as_mut()?;
+        if running.throttle().is_some() {
+            return None;
+        }
+        let cpu = running.cpu.clone();
+        Some((process, handle.control.clone(), cpu))
     }
 
     /// Kill every live key whose partition `select` accepts. Returns how many.
@@ -1173,8 +1303,36 @@ enum Exit {
 /// processes a message, and lets go of it while it waits for the next one,
 /// so that a routed call to an idle key can run on its caller's task (see
 /// [`ModuleSlot::call`]).
-#[allow(clippy::too_many_arguments)]
+///
+/// Everything the task does is charged to the key's CPU meter (its guest
+/// code, and the host's work on its messages): that is what its
+/// `cpu_budget` bounds.
 async fn run_key(
+    node: Arc<NodeShared>,
+    slot: Arc<ModuleSlot>,
+    module: Arc<CompiledModule>,
+    env: Arc<KeyEnv>,
+    rx: mpsc::Receiver<Envelope>,
+    handoff: Option<Vec<u8>>,
+    held: ProcessGuard,
+) {
+    let cpu = Arc::new(CpuMeter::new(node.metrics.key_cpu_counters(&env.module)));
+    let task = Box::pin(drive_key(
+        node,
+        slot,
+        module,
+        env,
+        rx,
+        handoff,
+        held,
+        cpu.clone(),
+    ));
+    metered(&cpu, task).await;
+}
+
+/// The body of [`run_key`].
+#[allow(clippy::too_many_arguments)]
+async fn drive_key(
     node: Arc<NodeShared>,
     slot: Arc<ModuleSlot>,
     module: Arc<CompiledModule>,
@@ -1182,6 +1340,7 @@ async fn run_key(
     mut rx: mpsc::Receiver<Envelope>,
     handoff: Option<Vec<u8>>,
     held: ProcessGuard,
+    cpu: Arc<CpuMeter>,
 ) {
     let control = env.control.clone();
     let key = env.key.clone();
@@ -1195,7 +1354,7 @@ async fn run_key(
         ))),
         // Boxed, like the other guest calls below: the task's own future
         // stays small (it lives as long as the key).
-        r = Box::pin(KeyProcess::start(&node, &module, env.clone(), handoff)) => r,
+        r = Box::pin(KeyProcess::start(&node, &module, env.clone(), handoff, cpu)) => r,
     };
     match started {
         Ok(process) => {
@@ -1329,6 +1488,23 @@ async fn run_key(
             if envelope.is_routed() {
                 envelope.fail(Error::Fenced);
                 continue;
+            }
+        }
+        // A key over its CPU budget waits before its next callback (it is
+        // throttled, not killed).
+        if let Some(wait) = process.throttle() {
+            let throttled = tokio::time::sleep(wait);
+            tokio::pin!(throttled);
+            tokio::select! {
+                biased;
+                () = control.killed_with(&mut changed) => {
+                    envelope.fail(Error::KeyDied(format!(
+                        "killed: {}",
+                        control.reason().unwrap_or_default()
+                    )));
+                    break Exit::Killed;
+                }
+                () = &mut throttled => process.cpu.throttled(wait),
             }
         }
         if let Some(at) = checked_at {

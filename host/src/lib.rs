@@ -18,6 +18,7 @@ pub mod cache;
 pub mod clock;
 pub mod compile_cache;
 pub mod config;
+mod cpu_budget;
 pub mod dashboard;
 mod dedicated;
 mod deploy;
@@ -40,6 +41,7 @@ mod peer_auth;
 mod pubsub;
 mod runtime;
 pub mod sandbox;
+mod scheduler;
 pub mod tls;
 mod transport;
 

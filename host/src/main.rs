@@ -202,12 +202,16 @@ struct NodeArgs {
     /// Most live keys on this node.
     #[arg(long, env = "FIEF_MAX_LIVE_KEYS")]
     max_live_keys: Option<u32>,
+    /// Threads that run guest code, apart from the API's (default 0: one
+    /// per core).
+    #[arg(long, env = "FIEF_GUEST_THREADS")]
+    guest_threads: Option<u32>,
     /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
     /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
     /// asking for more is refused. Names: cpu_limit (default 10s),
     /// idle_timeout (24h), max_live_keys (1000000), mailbox_depth (65536),
     /// max_timers_per_key (65536), max_subscriptions_per_key (4096),
-    /// max_publishes_per_second (100000).
+    /// max_publishes_per_second (100000), cpu_budget (1000m, a whole core).
     #[arg(
         long = "module-ceiling",
         env = "FIEF_MODULE_CEILINGS",
@@ -394,6 +398,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         partitions,
         max_message_size,
         max_live_keys,
+        guest_threads,
         http_header_read_timeout,
         http_idle_timeout
     );
