@@ -13,7 +13,7 @@
 //! `cpu_budget × W` plus one slice (an epoch tick, or one callback shorter
 //! than a tick) of CPU.
 //!
-//! The meter ([`metered`]) times every poll of the key's task, and of an
+//! The meter ([`poll_metered`]) times every poll of the key's task, and of an
 //! inline call on its caller's task: guest code, the host imports it calls
 //! and the host's work on the key's messages run inside those polls; time
 //! the key spends waiting (on a host call to another key, for its turn, for
@@ -154,11 +154,6 @@ impl CpuMeter {
     pub(crate) fn throttled(&self, waited: Duration) {
         self.module_throttled.inc_by(waited.as_secs_f64());
     }
-}
-
-/// Run `work`, charging the time spent inside each of its polls to `meter`.
-pub(crate) async fn metered<F: Future + Unpin>(meter: &CpuMeter, mut work: F) -> F::Output {
-    std::future::poll_fn(|cx| poll_metered(meter, Pin::new(&mut work), cx)).await
 }
 
 /// Poll `work` once, charging the time spent to `meter`.

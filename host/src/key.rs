@@ -32,7 +32,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
-use crate::cpu_budget::{CpuBudget, CpuMeter, metered};
+use crate::cpu_budget::{CpuBudget, CpuMeter, poll_metered};
 use crate::error::{Error, Result};
 use crate::guest_log::{GuestLogger, LogLimits, MAX_GUEST_ERROR, bounded};
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
@@ -272,7 +272,7 @@ impl Future for InlineCall {
         use std::task::Poll;
         let this = &mut *self;
         if let Some(future) = this.future.as_mut() {
-            let poll = crate::cpu_budget::poll_metered(&this.cpu, future.as_mut(), cx);
+            let poll = poll_metered(&this.cpu, future.as_mut(), cx);
             if poll.is_ready() {
                 self.future = None;
                 return poll;
@@ -598,7 +598,7 @@ impl KeyProcess {
         module: &CompiledModule,
         env: Arc<KeyEnv>,
         handoff: Option<Vec<u8>>,
-        cpu: Arc<CpuMeter>,
+        (cpu, seat): (Arc<CpuMeter>, Arc<Seat>),
     ) -> Result<Self> {
         let options = &module.options;
         let log = Arc::new(GuestLogger::new(
@@ -641,7 +641,7 @@ impl KeyProcess {
                 std::time::Instant::now(),
             ),
             scheduler: node.runtime.scheduler.clone(),
-            seat: Arc::new(Seat::default()),
+            seat,
             tenant,
             death: None,
             timers: HashMap::new(),
@@ -1317,7 +1317,8 @@ async fn run_key(
     held: ProcessGuard,
 ) {
     let cpu = Arc::new(CpuMeter::new(node.metrics.key_cpu_counters(&env.module)));
-    let task = Box::pin(drive_key(
+    let (scheduler, seat) = (node.runtime.scheduler.clone(), Arc::new(Seat::default()));
+    let mut task = Box::pin(drive_key(
         node,
         slot,
         module,
@@ -1325,9 +1326,17 @@ async fn run_key(
         rx,
         handoff,
         held,
-        cpu.clone(),
+        (cpu.clone(), seat.clone()),
     ));
-    metered(&cpu, task).await;
+    std::future::poll_fn(|cx| {
+        let poll = poll_metered(&cpu, task.as_mut(), cx);
+        if poll.is_pending() {
+            // A callback waiting on the host holds no turn.
+            scheduler.release_if_blocked(&seat);
+        }
+        poll
+    })
+    .await;
 }
 
 /// The body of [`run_key`].
@@ -1340,7 +1349,7 @@ async fn drive_key(
     mut rx: mpsc::Receiver<Envelope>,
     handoff: Option<Vec<u8>>,
     held: ProcessGuard,
-    cpu: Arc<CpuMeter>,
+    cpu: (Arc<CpuMeter>, Arc<Seat>),
 ) {
     let control = env.control.clone();
     let key = env.key.clone();

@@ -21,15 +21,16 @@
 //! waiting after an idle spell starts at the virtual time of the last turn
 //! granted, so idling banks no credit. Callbacks that finish within their
 //! first slice never wait for a turn: short calls stay short however many
-//! long ones are queued. A turn is given back at the holder's next yield or
-//! when its callback ends, and is reclaimed by the epoch ticker once it is
-//! two ticks old (its holder is blocked in a host import, not computing).
+//! long ones are queued. A turn is given back at the holder's next yield,
+//! when its callback ends, and when its task goes idle inside a callback
+//! (waiting on a host import: not computing); the epoch ticker reclaims one
+//! left behind by a holder that was dropped.
 //!
 //! This module must not decide whether a key may run at all: budgets over
 //! time are [`crate::cpu_budget`]'s, kills and fences `key.rs`'s.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::runtime::Handle;
@@ -89,6 +90,14 @@ pub(crate) fn guest_threads(configured: u32) -> usize {
     }
 }
 
+/// Ticks after which a turn not given back is reclaimed: the safety net for
+/// a turn whose holder was dropped between its grant and its resumption (a
+/// kill). Holders give turns back themselves when they yield, when their
+/// callback ends and when their task goes idle in a host import
+/// ([`Scheduler::release_if_blocked`]); a holder merely preempted by the OS
+/// keeps its turn, so the order holds under load.
+const TURN_RECLAIM_TICKS: u64 = 100;
+
 /// One key's place in the scheduler: its virtual time and the turn it holds.
 #[derive(Default)]
 pub(crate) struct Seat {
@@ -96,6 +105,8 @@ pub(crate) struct Seat {
     vtime: AtomicU64,
     /// The turn the key holds (0: none).
     turn: AtomicU64,
+    /// Set while the key's callback waits for a turn (granted or not yet).
+    waiting: AtomicBool,
 }
 
 /// The fair-share scheduler of one node's long callbacks (see the module
@@ -156,6 +167,15 @@ impl Scheduler {
         }
     }
 
+    /// The key's task went idle in a poll (`seat`'s owner): a turn it holds
+    /// while not waiting for one means its callback waits on the host (an
+    /// import, another key): give it back, it is not computing.
+    pub(crate) fn release_if_blocked(&self, seat: &Seat) {
+        if seat.turn.load(Ordering::Relaxed) != 0 && !seat.waiting.load(Ordering::Relaxed) {
+            self.release(seat);
+        }
+    }
+
     /// Give back `seat`'s turn and wait for the next one (a yielding
     /// callback of `tenant`). The future is `'static`: it is the yield's.
     pub(crate) fn next_turn(
@@ -166,6 +186,7 @@ impl Scheduler {
         let (granted, wait) = oneshot::channel();
         {
             let turn = seat.turn.swap(0, Ordering::Relaxed);
+            seat.waiting.store(true, Ordering::Relaxed);
             let mut state = lock(&self.state);
             if turn != 0 {
                 state.out.remove(&turn);
@@ -189,20 +210,23 @@ impl Scheduler {
             );
             self.grant(&mut state);
         }
+        let seat = seat.clone();
         async move {
             // Always let the worker run its other tasks first (a turn granted
             // at once would otherwise resume the guest without a yield).
             tokio::task::yield_now().await;
             // A dropped sender (the scheduler is gone) lets the key run on.
             let _ = wait.await;
+            seat.waiting.store(false, Ordering::Relaxed);
         }
     }
 
-    /// An epoch tick: reclaim turns two ticks old, hand out what is free.
+    /// An epoch tick: reclaim turns [`TURN_RECLAIM_TICKS`] old, hand out
+    /// what is free.
     pub(crate) fn tick(&self) {
         let mut state = lock(&self.state);
         state.tick += 1;
-        let oldest = state.tick.saturating_sub(2);
+        let oldest = state.tick.saturating_sub(TURN_RECLAIM_TICKS);
         state.out.retain(|_, granted_at| *granted_at > oldest);
         self.grant(&mut state);
     }
@@ -332,10 +356,11 @@ mod tests {
         };
         assert_eq!(poll_all(), 2);
         assert_eq!(scheduler.out(), 2);
-        // The holders never give their turns back (blocked in an import):
-        // two ticks later the other two run.
-        scheduler.tick();
-        scheduler.tick();
+        // The holders never give their turns back (dropped, say): after
+        // TURN_RECLAIM_TICKS the other two run.
+        for _ in 0..TURN_RECLAIM_TICKS {
+            scheduler.tick();
+        }
         assert_eq!(scheduler.out(), 2);
         assert_eq!(poll_all(), 4);
     }

@@ -104,6 +104,7 @@ async fn a_victim_answers_over_http_while_four_keys_of_another_module_spin() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     attack.abort();
+    eprintln!("slowest victim call over HTTP with four keys spinning: {slowest:?}");
     assert!(
         slowest < VICTIM_BOUND,
         "a victim call took {slowest:?} while four keys spun (bound {VICTIM_BOUND:?})"
@@ -149,6 +150,7 @@ async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
     many.abort();
     one.abort();
     let share = globex / (acme + globex);
+    eprintln!("CPU over 2 s: globex (one key) {globex:.3} s, acme (four keys) {acme:.3} s");
     assert!(
         acme + globex > 0.1,
         "the spinners hardly ran ({acme:.3} s, {globex:.3} s)"
@@ -206,6 +208,9 @@ async fn a_key_whose_timer_rearms_at_zero_is_held_to_its_cpu_budget() {
     let ended = module(&node);
     let used = ended.cpu_seconds - started.cpu_seconds;
     let throttled = ended.throttled_seconds - started.throttled_seconds;
+    eprintln!(
+        "over 2 s under 50m: CPU {used:.3} s, throttled {throttled:.3} s, slowest victim call {slowest:?}"
+    );
     assert!(
         used < 0.5,
         "the key used {used:.3} s of CPU in 2 s under a 50m budget (about 0.1 s allowed)"
