@@ -80,7 +80,7 @@ pub(crate) struct KeyControl {
     /// An inline call whose caller went away before it finished: the key's
     /// task finishes it (a half-run call must not be dropped, that would
     /// poison the instance).
-    orphan: Mutex<Option<InlineFuture>>,
+    orphan: Mutex<Option<Orphan>>,
     has_orphan: AtomicBool,
     /// Why the process died during an inline call (its store is dropped).
     death: Mutex<Option<String>>,
@@ -187,13 +187,13 @@ impl KeyControl {
     }
 
     /// Hand a half-run inline call to the key's task.
-    fn adopt(&self, orphan: InlineFuture) {
+    fn adopt(&self, orphan: Orphan) {
         *lock(&self.orphan) = Some(orphan);
         self.has_orphan.store(true, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
 
-    fn take_orphan(&self) -> Option<InlineFuture> {
+    fn take_orphan(&self) -> Option<Orphan> {
         if !self.has_orphan.load(Ordering::SeqCst) {
             return None;
         }
@@ -232,6 +232,31 @@ type ProcessGuard = tokio::sync::OwnedMutexGuard<Option<KeyProcess>>;
 /// An inline call in flight, boxed so that it can move to the key's task if
 /// its caller goes away.
 type InlineFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send>>;
+
+/// A half-run inline call handed to the key's task, with where its reply
+/// goes (`None`: its caller went away).
+struct Orphan {
+    call: InlineFuture,
+    reply: Option<oneshot::Sender<Result<Vec<u8>>>>,
+}
+
+impl Orphan {
+    /// Finish the call; its reply, unless it is to wait until the process's
+    /// end is settled (the call killed the process: its caller must not
+    /// retry before the key can start afresh).
+    async fn finish(
+        self,
+        control: &KeyControl,
+    ) -> Option<(oneshot::Sender<Result<Vec<u8>>>, Result<Vec<u8>>)> {
+        let outcome = self.call.await;
+        let reply = self.reply?;
+        if control.death().is_some() || control.is_killed() {
+            return Some((reply, outcome));
+        }
+        let _ = reply.send(outcome);
+        None
+    }
+}
 
 /// An inline call, as its caller polls it. Dropped before it finished (the
 /// caller timed out or went away), it hands the call to the key's task,
@@ -282,13 +307,12 @@ impl Future for InlineCall {
             }
             // The epoch callback yielded at the first tick: let the key's
             // task finish the call, and wait for its reply.
-            let future = self.future.take().expect("checked above");
+            let call = self.future.take().expect("checked above");
             let (reply, demoted) = oneshot::channel();
-            self.control.adopt(Box::pin(async move {
-                let outcome = future.await;
-                let _ = reply.send(outcome);
-                Ok(Vec::new())
-            }));
+            self.control.adopt(Orphan {
+                call,
+                reply: Some(reply),
+            });
             self.demoted = Some(demoted);
         }
         let demoted = self.demoted.as_mut().expect("polled after it finished");
@@ -300,8 +324,8 @@ impl Future for InlineCall {
 
 impl Drop for InlineCall {
     fn drop(&mut self) {
-        if let Some(future) = self.future.take() {
-            self.control.adopt(future);
+        if let Some(call) = self.future.take() {
+            self.control.adopt(Orphan { call, reply: None });
         }
     }
 }
@@ -1400,6 +1424,10 @@ async fn drive_key(
     tokio::pin!(idle);
     let mut messages: u64 = 0;
     let mut seen_at_last_tick = 0;
+    // The answer to a call that ended the process, given once the key's
+    // entry is gone, so that a caller retrying at once starts a fresh
+    // process instead of finding the dying one.
+    let mut last_word: Option<LastWord> = None;
     let exit = loop {
         control.receiving.store(false, Ordering::SeqCst);
         if control.is_killed() {
@@ -1409,9 +1437,14 @@ async fn drive_key(
             break Exit::Died(why);
         }
         if let Some(orphan) = control.take_orphan() {
-            // An inline call whose caller went away: finish it (it holds
-            // the process; its reply has no one to go to).
-            let _ = orphan.await;
+            // An inline call whose caller went away (its reply has no one
+            // to go to) or that was demoted (its caller waits): finish it
+            // (it holds the process).
+            if let Some((reply, outcome)) = orphan.finish(&control).await {
+                last_word = Some(Box::new(move || {
+                    let _ = reply.send(outcome);
+                }));
+            }
             continue;
         }
         if control.fence_ordered.load(Ordering::SeqCst) {
@@ -1536,8 +1569,17 @@ async fn drive_key(
                 break Exit::Killed;
             }
             Some(Step::Continue) => {}
-            Some(Step::Stopped) => break Exit::Stopped,
-            Some(Step::Died(why)) => break Exit::Died(why),
+            Some(Step::Stopped(answer)) => {
+                last_word = Some(answer);
+                break Exit::Stopped;
+            }
+            Some(Step::Died(why)) => {
+                if let Some(waiting) = waiting {
+                    let error = Error::KeyDied(why.clone());
+                    last_word = Some(Box::new(move || waiting.fail(error)));
+                }
+                break Exit::Died(why);
+            }
         }
     };
     // Drop the store (and with it the instance, its timers and its
@@ -1553,6 +1595,9 @@ async fn drive_key(
     slot.remove_if_current(&key, env.generation);
     node.limbo.remove(&env.module, &key, env.generation);
     control.exited.send_replace(true);
+    if let Some(answer) = last_word {
+        answer();
+    }
     let why = match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
         Exit::Died(why) => why.clone(),
@@ -1595,8 +1640,10 @@ async fn hold<'a>(
         return;
     }
     loop {
-        if let Some(orphan) = control.take_orphan() {
-            let _ = orphan.await;
+        if let Some(orphan) = control.take_orphan()
+            && let Some((reply, outcome)) = orphan.finish(control).await
+        {
+            let _ = reply.send(outcome);
         }
         tokio::select! {
             biased;
@@ -1626,9 +1673,15 @@ async fn receive(rx: &mut mpsc::Receiver<Envelope>, control: &KeyControl) -> Opt
 
 enum Step {
     Continue,
-    Stopped,
+    /// The process stopped; its stop is answered once it is gone.
+    Stopped(LastWord),
     Died(String),
 }
+
+/// An answer the key's task gives once the key's entry is gone, so that a
+/// caller acting on it at once (a retry, a fresh message) starts a fresh
+/// process instead of finding the ending one.
+type LastWord = Box<dyn FnOnce() + Send>;
 
 /// The sender waiting on the envelope being processed, kept outside the
 /// processing future so that a kill can still answer it with the reason.
@@ -1671,7 +1724,8 @@ async fn dispatch(
                     Step::Continue
                 }
                 Err(Death(why)) => {
-                    let _ = reply.send(Err(Error::KeyDied(why.clone())));
+                    // Answered by the loop once the process is gone.
+                    *waiting = Some(Waiting::Call(reply));
                     Step::Died(why)
                 }
             }
@@ -1713,10 +1767,15 @@ async fn dispatch(
             };
             // The state `handoff` gave travels even if `terminate` then
             // trapped: the process is over either way.
-            let _ = reply.send(state);
+            let answer: LastWord = Box::new(move || {
+                let _ = reply.send(state);
+            });
             match outcome {
-                Ok(()) => Step::Stopped,
-                Err(Death(why)) => Step::Died(why),
+                Ok(()) => Step::Stopped(answer),
+                Err(Death(why)) => {
+                    answer();
+                    Step::Died(why)
+                }
             }
         }
     }
