@@ -14,6 +14,12 @@
 //! - `publish_flood`: each attacker's key publishes to a topic the victim's
 //!   module does not hear until `max_publishes_per_second` (1000) refuses it.
 //!
+//! Then the HTTP form (issue 17): the victim's `incr` over the node's HTTP
+//! API on a real loopback socket, from a client on a thread and runtime of
+//! its own (as an external load generator would be), one call at a time;
+//! printed as p50 / p99 over `HTTP_CALLS` calls, quiet and with the
+//! attackers spinning, with the load average.
+//!
 //! Run with `cargo bench -p fief-benches --bench hostile` (add `-- --quick`
 //! for a smoke run); the figures are in `docs/benchmarks.md`, "Hostile
 //! guests".
@@ -23,7 +29,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{COUNTER_WASM, embedded_node, guest};
+use common::{COUNTER_WASM, HttpConn, embedded_node, guest, serve_fief_http};
 use criterion::Criterion;
 use fief::config::ByteSize;
 use fief::{Instance, ModuleOptions, NodeConfig};
@@ -124,8 +130,89 @@ fn bench(c: &mut Criterion) {
     });
 }
 
+/// Victim calls per HTTP figure.
+const HTTP_CALLS: usize = 2000;
+
+/// The victim's call latencies over HTTP, from a client on its own thread.
+fn http_latencies(addr: std::net::SocketAddr, calls: usize) -> Vec<Duration> {
+    std::thread::spawn(move || {
+        let client = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the client's runtime");
+        client.block_on(async move {
+            let mut conn = HttpConn::open(addr).await;
+            let mut latencies = Vec::with_capacity(calls);
+            for _ in 0..calls {
+                let start = Instant::now();
+                conn.post("/v1/keys/counter/victim/call", b"incr").await;
+                latencies.push(start.elapsed());
+            }
+            latencies
+        })
+    })
+    .join()
+    .expect("the client thread")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// The HTTP form: the node on a two-worker runtime (like `fief node` on
+/// this machine), the victim called over a real socket.
+fn bench_http(quick: bool) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let node = rt.block_on(node());
+    let addr = rt.block_on(serve_fief_http(node.clone()));
+    let calls = if quick { HTTP_CALLS / 10 } else { HTTP_CALLS };
+    println!("hostile/victim_http ({calls} calls, one at a time, over loopback)");
+    println!(
+        "  {:<14} {:>10} {:>10}   load average",
+        "attack", "p50", "p99"
+    );
+    for (name, attack) in [
+        ("quiet", None),
+        ("spinning", Some(&b"loop"[..])),
+        ("memory_bombs", Some(&b"memory"[..])),
+    ] {
+        let attackers = attack.map(|a| rt.block_on(async { start_attack(&node, a) }));
+        // Let the attack get going.
+        std::thread::sleep(Duration::from_millis(200));
+        let mut latencies = http_latencies(addr, calls);
+        latencies.sort();
+        println!(
+            "  {name:<14} {:>10.1?} {:>10.1?}   {}",
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            load_average()
+        );
+        for task in attackers.into_iter().flatten() {
+            task.abort();
+        }
+    }
+    rt.block_on(async {
+        if let Ok(node) = Arc::try_unwrap(node) {
+            node.shutdown().await;
+        }
+    });
+}
+
 fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     c.final_summary();
+    bench_http(quick);
 }

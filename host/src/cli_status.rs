@@ -204,12 +204,14 @@ pub(crate) fn render(status: &Value) -> String {
     for module in status["modules"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "  module {} v{}: {} live keys, {} bytes, on_fence {}",
+            "  module {} v{}: {} live keys, {} bytes, on_fence {}, cpu {:.3} s, throttled {:.3} s",
             text(&module["name"]),
             module["version"],
             module["live_keys"],
             module["size_bytes"],
-            module["options"]["on_fence"].as_str().unwrap_or("?")
+            module["options"]["on_fence"].as_str().unwrap_or("?"),
+            module["cpu_seconds"].as_f64().unwrap_or(0.0),
+            module["throttled_seconds"].as_f64().unwrap_or(0.0)
         );
     }
     out
@@ -256,5 +258,6 @@ mod tests {
             text.contains("host memory, tenant acme: 2048 of 4096 bytes; 3 refused"),
             "{text}"
         );
+        assert!(text.contains("throttled 0.000 s"), "{text}");
     }
 }

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 /// Byte sizes in options and config (`64MiB`).
 pub use bytesize::ByteSize;
 
+pub use crate::cpu_budget::CpuShare;
 use crate::error::{Error, Result};
 use crate::guest_log::{MAX_LOG_BYTES_PER_SECOND, MAX_LOG_LINES_PER_SECOND};
 
@@ -150,6 +151,10 @@ pub struct NodeConfig {
     /// the longest is closed to admit a new one; with every connection busy
     /// the new one is answered `503` ([`crate::http_limits`]).
     pub http_max_connections: Option<u32>,
+    /// Threads that run guest code (every key task; see
+    /// [`crate::scheduler`]), apart from the API's and the coordination
+    /// loop's; 0: one per core.
+    pub guest_threads: u32,
 }
 
 /// The node's ceilings over module options: a deploy asking for more is
@@ -177,6 +182,8 @@ pub struct ModuleCeilings {
     pub max_publishes_per_second: u32,
     /// Most host memory one key may make the node hold.
     pub max_host_bytes_per_key: ByteSize,
+    /// Largest `cpu_budget` (share of a core over its window) of one key.
+    pub cpu_budget: CpuShare,
 }
 
 impl Default for ModuleCeilings {
@@ -190,6 +197,7 @@ impl Default for ModuleCeilings {
             max_subscriptions_per_key: 4096,
             max_publishes_per_second: 100_000,
             max_host_bytes_per_key: ByteSize::gib(1),
+            cpu_budget: CpuShare::WHOLE_CORE,
         }
     }
 }
@@ -198,7 +206,7 @@ impl ModuleCeilings {
     /// The names [`ModuleCeilings::set`] takes.
     pub const NAMES: &'static str = "cpu_limit, idle_timeout, max_live_keys, mailbox_depth, \
         max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second, \
-        max_host_bytes_per_key";
+        max_host_bytes_per_key, cpu_budget";
 
     /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`).
     ///
@@ -220,6 +228,7 @@ impl ModuleCeilings {
             "max_host_bytes_per_key" => {
                 self.max_host_bytes_per_key = value.parse().map_err(|e: String| bad(e))?;
             }
+            "cpu_budget" => self.cpu_budget = value.parse().map_err(bad)?,
             other => {
                 return Err(Error::Config(format!(
                     "unknown module ceiling {other:?}; known: {}",
@@ -270,7 +279,8 @@ impl ModuleCeilings {
             "max_host_bytes_per_key",
             o.max_host_bytes_per_key,
             self.max_host_bytes_per_key,
-        )
+        )?;
+        over("cpu_budget", o.cpu_budget, self.cpu_budget)
     }
 }
 
@@ -309,6 +319,7 @@ impl Default for NodeConfig {
             http_idle_timeout: crate::http_limits::DEFAULT_IDLE_TIMEOUT,
             http_body_read_timeout: crate::http_limits::DEFAULT_BODY_READ_TIMEOUT,
             http_max_connections: None,
+            guest_threads: 0,
         }
     }
 }
@@ -507,6 +518,15 @@ pub struct ModuleOptions {
     /// read-write (`"/srv/data:ro"`); `None`: no filesystem at all. See
     /// [`crate::sandbox`] for who may name host paths.
     pub dir: Option<crate::sandbox::DirGrant>,
+    /// Share of one core one key may use over `cpu_budget_window` (`250m`,
+    /// `0.25`, `25%`); a key over it is throttled — its callbacks wait — not
+    /// killed ([`crate::cpu_budget`]). Default: a whole core (no throttling).
+    pub cpu_budget: CpuShare,
+    /// The window `cpu_budget` is measured over: a key may use up to
+    /// `cpu_budget × cpu_budget_window` in a burst. 10 ms to 1 minute;
+    /// default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub cpu_budget_window: Duration,
 }
 
 impl Default for ModuleOptions {
@@ -529,6 +549,8 @@ impl Default for ModuleOptions {
             max_log_lines_per_second: crate::guest_log::DEFAULT_LOG_LINES_PER_SECOND,
             max_log_bytes_per_second: crate::guest_log::DEFAULT_LOG_BYTES_PER_SECOND,
             dir: None,
+            cpu_budget: CpuShare::WHOLE_CORE,
+            cpu_budget_window: Duration::from_secs(1),
         }
     }
 }
@@ -608,6 +630,14 @@ impl ModuleOptions {
                 self.max_log_bytes_per_second
             ));
         }
+        if self.cpu_budget_window < Duration::from_millis(10)
+            || self.cpu_budget_window > Duration::from_secs(60)
+        {
+            return bad(format!(
+                "cpu_budget_window ({:?}) must be between 10ms and 1m",
+                self.cpu_budget_window
+            ));
+        }
         if let Some(dir) = &self.dir {
             dir.check_exists()?;
         }
@@ -675,9 +705,15 @@ impl ModuleOptions {
             "max_log_lines_per_second" => self.max_log_lines_per_second = count(value)?,
             "max_log_bytes_per_second" => self.max_log_bytes_per_second = size(value)?,
             "dir" => self.dir = Some(value.parse().map_err(Error::InvalidOptions)?),
+            "cpu_budget" => {
+                self.cpu_budget = value
+                    .parse()
+                    .map_err(|e| Error::InvalidOptions(format!("{name}: {e}")))?
+            }
+            "cpu_budget_window" => self.cpu_budget_window = duration(value)?,
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window"
                 )));
             }
         }

@@ -32,6 +32,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
+use crate::cpu_budget::{CpuBudget, CpuMeter, poll_metered};
 use crate::error::{Error, Result};
 use crate::guest_log::{GuestLogger, LogLimits, MAX_GUEST_ERROR, bounded};
 use crate::host_bytes::{Held, Ledger};
@@ -40,6 +41,7 @@ use crate::mailbox::{self, Mailbox, MailboxRx, Refused, WeakMailbox};
 use crate::module::CompiledModule;
 use crate::node::NodeShared;
 use crate::sandbox::PublishBucket;
+use crate::scheduler::{Scheduler, Seat};
 
 /// Most elements one table of a key may grow to (`table.grow` past it traps
 /// the key); the pool's per-table slot may be smaller.
@@ -80,12 +82,15 @@ pub(crate) struct KeyControl {
     /// An inline call whose caller went away before it finished: the key's
     /// task finishes it (a half-run call must not be dropped, that would
     /// poison the instance).
-    orphan: Mutex<Option<InlineFuture>>,
+    orphan: Mutex<Option<Orphan>>,
     has_orphan: AtomicBool,
     /// Why the process died during an inline call (its store is dropped).
     death: Mutex<Option<String>>,
     /// Inline calls so far (the idle timeout counts them as messages).
     inline_calls: AtomicU64,
+    /// Set by the epoch callback when an inline call used its first slice:
+    /// its caller hands it to the key's task (see [`InlineCall`]).
+    demote: AtomicBool,
 }
 
 impl Default for KeyControl {
@@ -104,6 +109,7 @@ impl Default for KeyControl {
             has_orphan: AtomicBool::new(false),
             death: Mutex::new(None),
             inline_calls: AtomicU64::new(0),
+            demote: AtomicBool::new(false),
         }
     }
 }
@@ -183,13 +189,13 @@ impl KeyControl {
     }
 
     /// Hand a half-run inline call to the key's task.
-    fn adopt(&self, orphan: InlineFuture) {
+    fn adopt(&self, orphan: Orphan) {
         *lock(&self.orphan) = Some(orphan);
         self.has_orphan.store(true, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
 
-    fn take_orphan(&self) -> Option<InlineFuture> {
+    fn take_orphan(&self) -> Option<Orphan> {
         if !self.has_orphan.load(Ordering::SeqCst) {
             return None;
         }
@@ -229,12 +235,58 @@ type ProcessGuard = tokio::sync::OwnedMutexGuard<Option<KeyProcess>>;
 /// its caller goes away.
 type InlineFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send>>;
 
+/// A half-run inline call handed to the key's task, with where its reply
+/// goes (`None`: its caller went away).
+struct Orphan {
+    call: InlineFuture,
+    reply: Option<oneshot::Sender<Result<Vec<u8>>>>,
+}
+
+impl Orphan {
+    /// Finish the call; its reply, unless it is to wait until the process's
+    /// end is settled (the call killed the process: its caller must not
+    /// retry before the key can start afresh).
+    async fn finish(
+        self,
+        control: &KeyControl,
+    ) -> Option<(oneshot::Sender<Result<Vec<u8>>>, Result<Vec<u8>>)> {
+        let outcome = self.call.await;
+        let reply = self.reply?;
+        if control.death().is_some() || control.is_killed() {
+            return Some((reply, outcome));
+        }
+        let _ = reply.send(outcome);
+        None
+    }
+}
+
 /// An inline call, as its caller polls it. Dropped before it finished (the
 /// caller timed out or went away), it hands the call to the key's task,
 /// which finishes it: the key never sees a call cut in half.
+///
+/// It also hands the call to the key's task when the call is *demoted*:
+/// still running at its first epoch tick, it continues on the guest threads
+/// (`crate::scheduler`) while the caller waits for its reply, so a long
+/// callback never holds the caller's worker (an API or peer-link worker)
+/// for more than one slice.
 struct InlineCall {
     future: Option<InlineFuture>,
     control: Arc<KeyControl>,
+    /// The key's CPU meter: the caller's polls are the key's time too.
+    cpu: Arc<CpuMeter>,
+    /// The reply of a demoted call, from the key's task.
+    demoted: Option<oneshot::Receiver<Result<Vec<u8>>>>,
+}
+
+impl InlineCall {
+    fn new(future: InlineFuture, control: Arc<KeyControl>, cpu: Arc<CpuMeter>) -> Self {
+        InlineCall {
+            future: Some(future),
+            control,
+            cpu,
+            demoted: None,
+        }
+    }
 }
 
 impl Future for InlineCall {
@@ -244,19 +296,38 @@ impl Future for InlineCall {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let future = self.future.as_mut().expect("polled after it finished");
-        let poll = future.as_mut().poll(cx);
-        if poll.is_ready() {
-            self.future = None;
+        use std::task::Poll;
+        let this = &mut *self;
+        if let Some(future) = this.future.as_mut() {
+            let poll = poll_metered(&this.cpu, future.as_mut(), cx);
+            if poll.is_ready() {
+                self.future = None;
+                return poll;
+            }
+            if !self.control.demote.swap(false, Ordering::SeqCst) {
+                return Poll::Pending;
+            }
+            // The epoch callback yielded at the first tick: let the key's
+            // task finish the call, and wait for its reply.
+            let call = self.future.take().expect("checked above");
+            let (reply, demoted) = oneshot::channel();
+            self.control.adopt(Orphan {
+                call,
+                reply: Some(reply),
+            });
+            self.demoted = Some(demoted);
         }
-        poll
+        let demoted = self.demoted.as_mut().expect("polled after it finished");
+        Pin::new(demoted).poll(cx).map(|reply| {
+            reply.unwrap_or_else(|_| Err(Error::KeyDied("the key process went away".to_owned())))
+        })
     }
 }
 
 impl Drop for InlineCall {
     fn drop(&mut self) {
-        if let Some(future) = self.future.take() {
-            self.control.adopt(future);
+        if let Some(call) = self.future.take() {
+            self.control.adopt(Orphan { call, reply: None });
         }
     }
 }
@@ -270,6 +341,9 @@ async fn run_inline(
     let Some(running) = process.as_mut() else {
         return Err(Error::KeyDied("the key process went away".to_owned()));
     };
+    // Its first yield demotes it to the key's task (see `InlineCall`).
+    control.demote.store(false, Ordering::SeqCst);
+    running.store.data_mut().inline = true;
     // The guest traps at its next epoch check once killed; a kill while it
     // waits on the host (e.g. a host call) ends the call here.
     let outcome = {
@@ -281,6 +355,9 @@ async fn run_inline(
             () = control.killed() => None,
         }
     };
+    if let Some(running) = process.as_mut() {
+        running.store.data_mut().inline = false;
+    }
     match outcome {
         Some(Ok(result)) => result.map_err(Error::Rejected),
         Some(Err(Death(why))) => {
@@ -406,6 +483,17 @@ pub(crate) struct KeyCtx {
     /// Set when the epoch callback yielded: the first epoch check after the
     /// guest resumes calls back again (see the callback).
     resuming: bool,
+    /// Set while a callback runs inline on a caller's task: its first yield
+    /// demotes it to the key's task (see [`InlineCall`]).
+    inline: bool,
+    /// What the key used (its task's polls and inline calls' move it).
+    cpu: Arc<CpuMeter>,
+    /// The key's `cpu_budget`; `None` for a whole core.
+    budget: Option<CpuBudget>,
+    /// The node's scheduler, the key's place in it, and its tenant.
+    scheduler: Arc<Scheduler>,
+    seat: Arc<Seat>,
+    tenant: Arc<str>,
     /// Why the host interrupted the guest, when it did (CPU or memory limit).
     death: Option<String>,
     pub(crate) timers: HashMap<u64, AbortHandle>,
@@ -487,6 +575,35 @@ impl KeyCtx {
         self.cpu_ticks > self.cpu_limit_ticks
     }
 
+    /// What a yielding callback waits for before its next slice: the end
+    /// of its throttling if it is over its `cpu_budget`, then its turn.
+    fn next_slice(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (scheduler, seat, tenant) = (
+            self.scheduler.clone(),
+            self.seat.clone(),
+            self.tenant.clone(),
+        );
+        match self.throttle() {
+            None => Box::pin(scheduler.next_turn(&tenant, &seat)),
+            Some(wait) => {
+                scheduler.release(&seat);
+                let cpu = self.cpu.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(wait).await;
+                    cpu.throttled(wait);
+                    scheduler.next_turn(&tenant, &seat).await;
+                })
+            }
+        }
+    }
+
+    /// How long the key must wait for its `cpu_budget` before it runs
+    /// again, if it is over it.
+    fn throttle(&mut self) -> Option<Duration> {
+        let budget = self.budget.as_mut()?;
+        budget.wait(self.cpu.used_nanos(), std::time::Instant::now())
+    }
+
     fn cpu_limit_death(&self) -> String {
         format!(
             "CPU limit exceeded: the callback ran for more than {} epoch ticks (cpu_limit), its \
@@ -509,6 +626,8 @@ pub(crate) struct Death(pub(crate) String);
 pub(crate) struct KeyProcess {
     store: Store<KeyCtx>,
     guest: KeyModule,
+    /// The key's CPU meter (the key's task and inline calls move it).
+    cpu: Arc<CpuMeter>,
 }
 
 impl KeyProcess {
@@ -518,6 +637,7 @@ impl KeyProcess {
         module: &CompiledModule,
         env: Arc<KeyEnv>,
         handoff: Option<Vec<u8>>,
+        (cpu, seat): (Arc<CpuMeter>, Arc<Seat>),
     ) -> Result<Self> {
         let options = &module.options;
         let log = Arc::new(GuestLogger::new(
@@ -539,6 +659,7 @@ impl KeyProcess {
             .build();
         let tick = node.config.epoch_tick.as_nanos().max(1);
         let cpu_limit_ticks = (options.cpu_limit.as_nanos() / tick).max(1) as u64;
+        let tenant: Arc<str> = Arc::from(crate::auth::tenant_of(&env.module).unwrap_or(""));
         let ctx = KeyCtx {
             wasi,
             table: crate::sandbox::resource_table(),
@@ -551,6 +672,16 @@ impl KeyProcess {
             host_nanos: 0,
             log,
             resuming: false,
+            inline: false,
+            cpu: cpu.clone(),
+            budget: CpuBudget::new(
+                options.cpu_budget,
+                options.cpu_budget_window,
+                std::time::Instant::now(),
+            ),
+            scheduler: node.runtime.scheduler.clone(),
+            seat,
+            tenant,
             death: None,
             timers: HashMap::new(),
             next_timer: 1,
@@ -590,13 +721,20 @@ impl KeyProcess {
             if resumed {
                 return Ok(UpdateDeadline::Continue(1));
             }
-            // Let other keys run on this worker thread. The deadline after
-            // the yield is the epoch at resumption (delta 0), so the guest's
-            // first check after it resumes calls back and reads the kill
-            // flag again: a kill (and its epoch bump) that lands while the
-            // key waits to be resumed is not absorbed into the new deadline.
+            // Let other keys run. The deadline after the yield is the epoch
+            // at resumption (delta 0), so the guest's first check after it
+            // resumes calls back and reads the kill flag again: a kill (and
+            // its epoch bump) that lands while the key waits to be resumed
+            // is not absorbed into the new deadline.
             ctx.resuming = true;
-            Ok(UpdateDeadline::Yield(0))
+            if std::mem::take(&mut ctx.inline) {
+                // Its first slice is used on a caller's task: the caller
+                // hands it to the key's task (`InlineCall`), where it waits
+                // for its turn with the other long callbacks.
+                ctx.env.control.demote.store(true, Ordering::SeqCst);
+                return Ok(UpdateDeadline::Yield(0));
+            }
+            Ok(UpdateDeadline::YieldCustom(0, ctx.next_slice()))
         });
         let guest = match module.pre.instantiate_async(&mut store).await {
             Ok(guest) => guest,
@@ -616,13 +754,14 @@ impl KeyProcess {
                 return Err(Error::KeyDied(format!("instantiation failed: {why}")));
             }
         };
-        let mut process = KeyProcess { store, guest };
+        let mut process = KeyProcess { store, guest, cpu };
         process.begin_callback();
         let init = process
             .guest
             .fief_key_lifecycle()
             .call_init(&mut process.store, &env.key, handoff.as_deref())
             .await;
+        process.end_callback();
         match init {
             Ok(Ok(())) => Ok(process),
             // Guest text is cut where it enters the host: the refusal goes
@@ -630,6 +769,18 @@ impl KeyProcess {
             Ok(Err(refusal)) => Err(Error::InitRefused(bounded(refusal, MAX_GUEST_ERROR))),
             Err(e) => Err(Error::KeyDied(process.death(&e).0)),
         }
+    }
+
+    /// The callback ended: give back its turn, if it holds one.
+    fn end_callback(&mut self) {
+        let ctx = self.store.data();
+        ctx.scheduler.release(&ctx.seat);
+    }
+
+    /// How long the key must wait for its `cpu_budget` before its next
+    /// callback, if it is over it.
+    fn throttle(&mut self) -> Option<Duration> {
+        self.store.data_mut().throttle()
     }
 
     fn begin_callback(&mut self) {
@@ -652,6 +803,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_call(&mut self.store, message)
             .await;
+        self.end_callback();
         // The guest's error is cut where it enters the host: it travels to
         // the caller (and on to HTTP, logs and peers) like a reply.
         r.map(|result| result.map_err(|why| bounded(why, MAX_GUEST_ERROR)))
@@ -665,6 +817,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_cast(&mut self.store, message)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -682,6 +835,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_info(&mut self.store, info)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -693,6 +847,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_fence(&mut self.store, deadline_ms)
             .await;
+        self.end_callback();
         r.map(|decision| match decision {
             FenceDecision::Stop(reason) => FenceDecision::Stop(bounded(reason, MAX_GUEST_ERROR)),
             other => other,
@@ -707,6 +862,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handoff(&mut self.store)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -717,6 +873,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_terminate(&mut self.store, reason)
             .await;
+        self.end_callback();
         r.map_err(|e| self.death(&e))
     }
 
@@ -954,15 +1111,10 @@ impl ModuleSlot {
                 handle_fence_deadline: options.handle_fence_deadline,
             },
         );
-        node.tasks.spawn(run_key(
-            node.clone(),
-            self.clone(),
-            module,
-            env,
-            rx,
-            handoff,
-            held,
-        ));
+        node.tasks.spawn_on(
+            run_key(node.clone(), self.clone(), module, env, rx, handoff, held),
+            &node.guest,
+        );
         Ok(())
     }
 
@@ -986,18 +1138,14 @@ impl ModuleSlot {
     ) -> Result<Vec<u8>> {
         if via == Via::Routed
             && !node.reports_events()
-            && let Some((process, control)) = self.try_inline(key)
+            && let Some((process, control, cpu)) = self.try_inline(key)
         {
             // Served only while the node may act; otherwise the key's task
             // decides (a terminate key dies, a survivor refuses).
             if !control.is_killed() && !control.is_survivor() && node.may_act() {
                 control.touch();
                 let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
-                return InlineCall {
-                    future: Some(future),
-                    control,
-                }
-                .await;
+                return InlineCall::new(future, control, cpu).await;
             }
         }
         let (reply, rx) = oneshot::channel();
@@ -1018,7 +1166,7 @@ impl ModuleSlot {
 
     /// The key's process, if the key is live and idle: its mailbox is empty,
     /// its task is not processing a message, and no one else holds it.
-    fn try_inline(&self, key: &str) -> Option<(ProcessGuard, Arc<KeyControl>)> {
+    fn try_inline(&self, key: &str) -> Option<(ProcessGuard, Arc<KeyControl>, Arc<CpuMeter>)> {
         let keys = lock(&self.keys);
         let handle = keys.get(key)?;
         // Mailbox first, then `receiving`: a message the task took out
@@ -1026,11 +1174,17 @@ impl ModuleSlot {
         if handle.tx.capacity() != handle.tx.max_capacity() {
             return None;
         }
-        let process = handle.process.clone().try_lock_owned().ok()?;
-        if process.is_none() || handle.control.receiving.load(Ordering::SeqCst) {
+        let mut process = handle.process.clone().try_lock_owned().ok()?;
+        if handle.control.receiving.load(Ordering::SeqCst) {
             return None;
         }
-        Some((process, handle.control.clone()))
+        // A key over its CPU budget waits on its own task, not a caller's.
+        let running = process.as_mut()?;
+        if running.throttle().is_some() {
+            return None;
+        }
+        let cpu = running.cpu.clone();
+        Some((process, handle.control.clone(), cpu))
     }
 
     /// Kill every live key whose partition `select` accepts. Returns how many.
@@ -1244,8 +1398,45 @@ enum Exit {
 /// processes a message, and lets go of it while it waits for the next one,
 /// so that a routed call to an idle key can run on its caller's task (see
 /// [`ModuleSlot::call`]).
-#[allow(clippy::too_many_arguments)]
+///
+/// Everything the task does is charged to the key's CPU meter (its guest
+/// code, and the host's work on its messages): that is what its
+/// `cpu_budget` bounds.
 async fn run_key(
+    node: Arc<NodeShared>,
+    slot: Arc<ModuleSlot>,
+    module: Arc<CompiledModule>,
+    env: Arc<KeyEnv>,
+    rx: MailboxRx,
+    handoff: Option<Vec<u8>>,
+    held: ProcessGuard,
+) {
+    let cpu = Arc::new(CpuMeter::new(node.metrics.key_cpu_counters(&env.module)));
+    let (scheduler, seat) = (node.runtime.scheduler.clone(), Arc::new(Seat::default()));
+    let mut task = Box::pin(drive_key(
+        node,
+        slot,
+        module,
+        env,
+        rx,
+        handoff,
+        held,
+        (cpu.clone(), seat.clone()),
+    ));
+    std::future::poll_fn(|cx| {
+        let poll = poll_metered(&cpu, task.as_mut(), cx);
+        if poll.is_pending() {
+            // A callback waiting on the host holds no turn.
+            scheduler.release_if_blocked(&seat);
+        }
+        poll
+    })
+    .await;
+}
+
+/// The body of [`run_key`].
+#[allow(clippy::too_many_arguments)]
+async fn drive_key(
     node: Arc<NodeShared>,
     slot: Arc<ModuleSlot>,
     module: Arc<CompiledModule>,
@@ -1253,6 +1444,7 @@ async fn run_key(
     mut rx: MailboxRx,
     handoff: Option<Vec<u8>>,
     held: ProcessGuard,
+    cpu: (Arc<CpuMeter>, Arc<Seat>),
 ) {
     let control = env.control.clone();
     let key = env.key.clone();
@@ -1266,7 +1458,7 @@ async fn run_key(
         ))),
         // Boxed, like the other guest calls below: the task's own future
         // stays small (it lives as long as the key).
-        r = Box::pin(KeyProcess::start(&node, &module, env.clone(), handoff)) => r,
+        r = Box::pin(KeyProcess::start(&node, &module, env.clone(), handoff, cpu)) => r,
     };
     match started {
         Ok(process) => {
@@ -1303,6 +1495,10 @@ async fn run_key(
     tokio::pin!(idle);
     let mut messages: u64 = 0;
     let mut seen_at_last_tick = 0;
+    // The answer to a call that ended the process, given once the key's
+    // entry is gone, so that a caller retrying at once starts a fresh
+    // process instead of finding the dying one.
+    let mut last_word: Option<LastWord> = None;
     let exit = loop {
         control.receiving.store(false, Ordering::SeqCst);
         if control.is_killed() {
@@ -1312,9 +1508,14 @@ async fn run_key(
             break Exit::Died(why);
         }
         if let Some(orphan) = control.take_orphan() {
-            // An inline call whose caller went away: finish it (it holds
-            // the process; its reply has no one to go to).
-            let _ = orphan.await;
+            // An inline call whose caller went away (its reply has no one
+            // to go to) or that was demoted (its caller waits): finish it
+            // (it holds the process).
+            if let Some((reply, outcome)) = orphan.finish(&control).await {
+                last_word = Some(Box::new(move || {
+                    let _ = reply.send(outcome);
+                }));
+            }
             continue;
         }
         if control.fence_ordered.load(Ordering::SeqCst) {
@@ -1402,6 +1603,23 @@ async fn run_key(
                 continue;
             }
         }
+        // A key over its CPU budget waits before its next callback (it is
+        // throttled, not killed).
+        if let Some(wait) = process.throttle() {
+            let throttled = tokio::time::sleep(wait);
+            tokio::pin!(throttled);
+            tokio::select! {
+                biased;
+                () = control.killed_with(&mut changed) => {
+                    envelope.fail(Error::KeyDied(format!(
+                        "killed: {}",
+                        control.reason().unwrap_or_default()
+                    )));
+                    break Exit::Killed;
+                }
+                () = &mut throttled => process.cpu.throttled(wait),
+            }
+        }
         if let Some(at) = checked_at {
             crate::event_log::report_processing(&node, &env, &envelope, at);
         }
@@ -1422,8 +1640,17 @@ async fn run_key(
                 break Exit::Killed;
             }
             Some(Step::Continue) => {}
-            Some(Step::Stopped) => break Exit::Stopped,
-            Some(Step::Died(why)) => break Exit::Died(why),
+            Some(Step::Stopped(answer)) => {
+                last_word = Some(answer);
+                break Exit::Stopped;
+            }
+            Some(Step::Died(why)) => {
+                if let Some(waiting) = waiting {
+                    let error = Error::KeyDied(why.clone());
+                    last_word = Some(Box::new(move || waiting.fail(error)));
+                }
+                break Exit::Died(why);
+            }
         }
     };
     // Drop the store (and with it the instance, its timers and its
@@ -1443,6 +1670,9 @@ async fn run_key(
     }
     node.limbo.remove(&env.module, &key, env.generation);
     control.exited.send_replace(true);
+    if let Some(answer) = last_word {
+        answer();
+    }
     let why = match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
         Exit::Died(why) => why.clone(),
@@ -1487,8 +1717,10 @@ async fn hold<'a>(
         return;
     }
     loop {
-        if let Some(orphan) = control.take_orphan() {
-            let _ = orphan.await;
+        if let Some(orphan) = control.take_orphan()
+            && let Some((reply, outcome)) = orphan.finish(control).await
+        {
+            let _ = reply.send(outcome);
         }
         tokio::select! {
             biased;
@@ -1518,9 +1750,15 @@ async fn receive(rx: &mut MailboxRx, control: &KeyControl) -> Option<Envelope> {
 
 enum Step {
     Continue,
-    Stopped,
+    /// The process stopped; its stop is answered once it is gone.
+    Stopped(LastWord),
     Died(String),
 }
+
+/// An answer the key's task gives once the key's entry is gone, so that a
+/// caller acting on it at once (a retry, a fresh message) starts a fresh
+/// process instead of finding the ending one.
+type LastWord = Box<dyn FnOnce() + Send>;
 
 /// The sender waiting on the envelope being processed, kept outside the
 /// processing future so that a kill can still answer it with the reason.
@@ -1563,7 +1801,8 @@ async fn dispatch(
                     Step::Continue
                 }
                 Err(Death(why)) => {
-                    let _ = reply.send(Err(Error::KeyDied(why.clone())));
+                    // Answered by the loop once the process is gone.
+                    *waiting = Some(Waiting::Call(reply));
                     Step::Died(why)
                 }
             }
@@ -1605,10 +1844,15 @@ async fn dispatch(
             };
             // The state `handoff` gave travels even if `terminate` then
             // trapped: the process is over either way.
-            let _ = reply.send(state);
+            let answer: LastWord = Box::new(move || {
+                let _ = reply.send(state);
+            });
             match outcome {
-                Ok(()) => Step::Stopped,
-                Err(Death(why)) => Step::Died(why),
+                Ok(()) => Step::Stopped(answer),
+                Err(Death(why)) => {
+                    answer();
+                    Step::Died(why)
+                }
             }
         }
     }

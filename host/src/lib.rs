@@ -19,6 +19,7 @@ pub mod clock;
 pub mod compile_cache;
 pub mod compile_worker;
 pub mod config;
+mod cpu_budget;
 pub mod dashboard;
 mod dedicated;
 mod deploy;
@@ -44,6 +45,7 @@ mod peer_auth;
 mod pubsub;
 mod runtime;
 pub mod sandbox;
+mod scheduler;
 pub mod tls;
 mod transport;
 

@@ -220,12 +220,17 @@ struct NodeArgs {
     /// handoff states), e.g. `512MiB` (the default).
     #[arg(long, env = "FIEF_MAX_HOST_BYTES_PER_TENANT")]
     max_host_bytes_per_tenant: Option<ByteSize>,
+    /// Threads that run guest code, apart from the API's (default 0: one
+    /// per core).
+    #[arg(long, env = "FIEF_GUEST_THREADS")]
+    guest_threads: Option<u32>,
     /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
     /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
     /// asking for more is refused. Names: cpu_limit (default 10s),
     /// idle_timeout (24h), max_live_keys (1000000), mailbox_depth (65536),
     /// max_timers_per_key (65536), max_subscriptions_per_key (4096),
-    /// max_publishes_per_second (100000), max_host_bytes_per_key (1GiB).
+    /// max_publishes_per_second (100000), max_host_bytes_per_key (1GiB),
+    /// cpu_budget (1000m, a whole core).
     #[arg(
         long = "module-ceiling",
         env = "FIEF_MODULE_CEILINGS",
@@ -429,6 +434,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         max_message_size,
         max_live_keys,
         max_host_bytes_per_tenant,
+        guest_threads,
         http_header_read_timeout,
         http_idle_timeout,
         http_body_read_timeout,

@@ -41,6 +41,9 @@ type Labels2 = [(&'static str, String); 2];
 /// Three labels.
 type Labels3 = [(&'static str, String); 3];
 
+/// A counter of seconds (time as a float).
+pub(crate) type SecondsCounter = Counter<f64, AtomicU64>;
+
 /// Which way a call went, for [`Metrics::call_done`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CallRoute {
@@ -79,6 +82,8 @@ pub(crate) struct Metrics {
     handoff_states: Family<Labels1, Counter>,
     guest_log_dropped: Family<Labels1, Counter>,
     guest_log_truncated: Family<Labels1, Counter>,
+    key_cpu_seconds: Family<Labels1, SecondsCounter>,
+    key_throttled_seconds: Family<Labels1, SecondsCounter>,
     /// API connections open now (kept by the connection loop, not read at
     /// scrape time: it is the loop's own figure).
     api_connections: Gauge,
@@ -139,6 +144,8 @@ impl Metrics {
         let handoff_states = Family::<Labels1, Counter>::default();
         let guest_log_dropped = Family::<Labels1, Counter>::default();
         let guest_log_truncated = Family::<Labels1, Counter>::default();
+        let key_cpu_seconds = Family::<Labels1, SecondsCounter>::default();
+        let key_throttled_seconds = Family::<Labels1, SecondsCounter>::default();
         let api_connections = Gauge::default();
         let api_connections_closed = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
@@ -198,6 +205,16 @@ impl Metrics {
             "guest_log_lines_truncated",
             "Guest log lines cut at the line cap (8 KiB), by module",
             guest_log_truncated.clone(),
+        );
+        r.register(
+            "key_cpu_seconds",
+            "Time keys' guest code ran (inside the polls of their callbacks), by module",
+            key_cpu_seconds.clone(),
+        );
+        r.register(
+            "key_throttled_seconds",
+            "Time keys waited because they were over their cpu_budget, by module",
+            key_throttled_seconds.clone(),
         );
         r.register(
             "api_connections",
@@ -305,6 +322,8 @@ impl Metrics {
             handoff_states,
             guest_log_dropped,
             guest_log_truncated,
+            key_cpu_seconds,
+            key_throttled_seconds,
             api_connections,
             api_connections_closed,
             gauges,
@@ -371,6 +390,26 @@ impl Metrics {
         (
             self.guest_log_dropped.get_or_create(&labels).clone(),
             self.guest_log_truncated.get_or_create(&labels).clone(),
+        )
+    }
+
+    /// The counters of `module`'s guest CPU time and time throttled, for a
+    /// key's CPU meter to move without a label lookup per callback.
+    pub(crate) fn key_cpu_counters(&self, module: &str) -> (SecondsCounter, SecondsCounter) {
+        let labels = [("module", module.to_owned())];
+        (
+            self.key_cpu_seconds.get_or_create(&labels).clone(),
+            self.key_throttled_seconds.get_or_create(&labels).clone(),
+        )
+    }
+
+    /// Seconds `module`'s keys have run guest code and been throttled (for
+    /// `fief status`).
+    pub(crate) fn cpu_seconds(&self, module: &str) -> (f64, f64) {
+        let labels = [("module", module.to_owned())];
+        (
+            self.key_cpu_seconds.get_or_create(&labels).get(),
+            self.key_throttled_seconds.get_or_create(&labels).get(),
         )
     }
 

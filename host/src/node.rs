@@ -45,6 +45,7 @@ use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock
 use crate::limbo::{Limbo, LimboEntry};
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
+use crate::scheduler::GuestPool;
 use crate::transport::{HandoffEntry, PeerPool, PeerRequest};
 
 /// State shared by the instance, its coordination loop and its key processes.
@@ -52,6 +53,9 @@ pub(crate) struct NodeShared {
     pub(crate) config: NodeConfig,
     pub(crate) node_id: NodeId,
     pub(crate) runtime: Runtime,
+    /// The guest threads' runtime, where key tasks are spawned (the pool
+    /// itself is the instance's: see [`Instance`]).
+    pub(crate) guest: Handle,
     pub(crate) pubsub: PubSub,
     pub(crate) tasks: TaskTracker,
     pub(crate) limbo: Limbo,
@@ -928,6 +932,11 @@ pub struct ModuleInfo {
     pub live_keys: usize,
     /// Its options.
     pub options: ModuleOptions,
+    /// Seconds its keys' guest code has run on this node (in `status`).
+    pub cpu_seconds: f64,
+    /// Seconds its keys have waited because they were over their
+    /// `cpu_budget`, on this node (in `status`).
+    pub throttled_seconds: f64,
 }
 
 /// A live node of the namespace, as `status` reports it.
@@ -1108,6 +1117,9 @@ impl InstanceBuilder {
             None => None,
         };
         let runtime = Runtime::new(&config)?;
+        // Guest code runs on threads of its own, never on this runtime's
+        // workers (which serve the API and the peer links).
+        let guest_pool = GuestPool::start(crate::scheduler::guest_threads(config.guest_threads))?;
         let limbo = Limbo::start(runtime.engine.clone());
         let cache_max_bytes =
             usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
@@ -1131,6 +1143,7 @@ impl InstanceBuilder {
             ),
             config,
             runtime,
+            guest: guest_pool.handle().clone(),
             pubsub: PubSub::default(),
             tasks: TaskTracker::new(),
             limbo,
@@ -1194,6 +1207,7 @@ impl InstanceBuilder {
             shared,
             coordination: Coordination(coordination),
             peer_server,
+            _guest_pool: guest_pool,
         })
     }
 }
@@ -1217,6 +1231,10 @@ pub struct Instance {
     /// loop has stopped.
     coordination: Coordination,
     peer_server: Option<tokio::task::JoinHandle<()>>,
+    /// The guest threads. Dropped last (after a shutdown has waited for the
+    /// key tasks), it drops whatever key task is left: a node dropped
+    /// without a shutdown ends like a crash, and its threads with it.
+    _guest_pool: GuestPool,
 }
 
 impl Instance {
@@ -1355,6 +1373,10 @@ impl Instance {
         let handoffs = lock(&shared.handoffs).size();
         let table = shared.table();
         let mut modules: Vec<ModuleInfo> = shared.slots().iter().map(|s| module_info(s)).collect();
+        for module in &mut modules {
+            (module.cpu_seconds, module.throttled_seconds) =
+                shared.metrics.cpu_seconds(&module.name);
+        }
         modules.sort_by(|a, b| a.name.cmp(&b.name));
         Status {
             namespace: shared.config.namespace.clone(),
@@ -1672,6 +1694,8 @@ pub(crate) fn module_info(slot: &ModuleSlot) -> ModuleInfo {
         deployed_at: current.deployed_at,
         live_keys: slot.live_keys(),
         options: current.options.clone(),
+        cpu_seconds: 0.0,
+        throttled_seconds: 0.0,
     }
 }
 

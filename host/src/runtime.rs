@@ -6,7 +6,8 @@
 //! the engine's epoch every `epoch_tick`; each key's store checks it at every
 //! tick, which is how a kill (or an exhausted CPU budget) interrupts guest code
 //! that never calls the host. Contract §2: "the kill does not depend on guest
-//! code".
+//! code". The same thread ticks the [`Scheduler`], which reclaims turns held
+//! by callbacks that stopped computing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +22,7 @@ use crate::compile_cache::CompileCache;
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::key::KeyCtx;
+use crate::scheduler::{Scheduler, guest_threads};
 
 /// Guard pages after each linear memory in the pool. Memories are bounded by
 /// explicit checks (the reservation is only `max_memory_per_key`), so a small
@@ -37,6 +39,8 @@ pub(crate) struct Runtime {
     pub(crate) linker: Linker<KeyCtx>,
     /// Compiled components on disk, when the node has a cache directory.
     pub(crate) compile_cache: Option<CompileCache>,
+    /// The order long callbacks continue in, one turn per guest thread.
+    pub(crate) scheduler: Arc<Scheduler>,
     _ticker: EpochTicker,
 }
 
@@ -77,11 +81,13 @@ impl Runtime {
             None => None,
         };
 
-        let ticker = EpochTicker::start(engine.clone(), config.epoch_tick);
+        let scheduler = Arc::new(Scheduler::new(guest_threads(config.guest_threads)));
+        let ticker = EpochTicker::start(engine.clone(), scheduler.clone(), config.epoch_tick);
         Ok(Runtime {
             engine,
             linker,
             compile_cache,
+            scheduler,
             _ticker: ticker,
         })
     }
@@ -158,14 +164,15 @@ fn memory_slots(config: &NodeConfig) -> Result<u32> {
     Ok(keys.saturating_mul(2).min(fit))
 }
 
-/// A thread that increments the engine's epoch every tick until dropped.
+/// A thread that increments the engine's epoch every tick, and ticks the
+/// scheduler, until dropped.
 struct EpochTicker {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl EpochTicker {
-    fn start(engine: Engine, tick: Duration) -> Self {
+    fn start(engine: Engine, scheduler: Arc<Scheduler>, tick: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
@@ -175,6 +182,7 @@ impl EpochTicker {
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(tick);
                         engine.increment_epoch();
+                        scheduler.tick();
                     }
                 })
                 .expect("spawning the epoch ticker thread")

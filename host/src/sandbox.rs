@@ -163,6 +163,8 @@ pub struct TenantLimits {
     /// Host directories the tenant's modules may be granted (`dir`), each
     /// with the most permission allowed beneath it. Empty: none.
     pub allowed_dirs: Vec<DirGrant>,
+    /// Cap on `cpu_budget` (a share of one core per key).
+    pub cpu_budget: Option<crate::cpu_budget::CpuShare>,
 }
 
 impl TenantLimits {
@@ -178,6 +180,9 @@ impl TenantLimits {
         }
         if let Some(cap) = self.cpu_limit {
             o.cpu_limit = o.cpu_limit.min(cap);
+        }
+        if let Some(cap) = self.cpu_budget {
+            o.cpu_budget = o.cpu_budget.min(cap);
         }
         if let Some(cap) = self.idle_timeout {
             o.idle_timeout = o.idle_timeout.min(cap);
@@ -246,6 +251,7 @@ impl TenantLimits {
         }
         over("memory_limit", o.memory_limit, self.memory_limit)?;
         over("cpu_limit", o.cpu_limit, self.cpu_limit)?;
+        over("cpu_budget", o.cpu_budget, self.cpu_budget)?;
         over("max_live_keys", o.max_live_keys, self.max_live_keys)?;
         over("idle_timeout", o.idle_timeout, self.idle_timeout)?;
         over("mailbox_depth", o.mailbox_depth, self.mailbox_depth)?;
@@ -352,6 +358,14 @@ impl ModuleOptions {
                 format!(
                     "{} per callback (epoch budget)",
                     humantime::format_duration(self.cpu_limit)
+                ),
+            ),
+            (
+                "cpu_budget",
+                format!(
+                    "{} of a core over {} (over it callbacks wait)",
+                    self.cpu_budget,
+                    humantime::format_duration(self.cpu_budget_window)
                 ),
             ),
             ("max_live_keys", self.max_live_keys.to_string()),

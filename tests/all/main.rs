@@ -13,6 +13,7 @@ mod compile_cache;
 mod config;
 mod dashboard;
 mod deploy;
+mod fair_cpu;
 mod fence_modes;
 mod handoff;
 mod host_imports;

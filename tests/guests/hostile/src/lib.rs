@@ -10,6 +10,8 @@
 //! | `ping`                   | replies `pong`                                              |
 //! | `loop`                   | loops forever in `handle-call`                              |
 //! | `loop-timer`             | arms a 1 ms timer tagged `loop`, replies `armed`; `handle-info` then loops forever |
+//! | `rearm-zero`             | arms a 0 ms timer tagged `rearm`, replies `armed`; each time it fires, `handle-info` counts it and arms it again at 0 ms, forever (a key that keeps its node busy with short callbacks) |
+//! | `fired`                  | replies how many `rearm` timers have fired                  |
 //! | `memory`                 | allocates and keeps 1 MiB chunks forever                    |
 //! | `handles`                | creates WASI pollables and never drops them, forever (a handle-table bomb); replies the error if one comes |
 //! | `recurse`                | recurses without bound                                      |
@@ -76,6 +78,8 @@ struct Hostile {
     handles: Vec<wasip2::io::poll::Pollable>,
     /// The key's name (for `terminate`).
     key: String,
+    /// `rearm` timers fired so far.
+    fired: u64,
 }
 
 impl Hostile {
@@ -205,6 +209,7 @@ impl Key for Hostile {
             hoard: Vec::new(),
             handles: Vec::new(),
             key: key.to_owned(),
+            fired: 0,
         })
     }
 
@@ -214,6 +219,11 @@ impl Key for Hostile {
         Ok(match command {
             "ping" => b"pong".to_vec(),
             "loop" => spin_forever(),
+            "rearm-zero" => {
+                host::send_after(Duration::ZERO, b"rearm").map_err(|e| e.to_string())?;
+                b"armed".to_vec()
+            }
+            "fired" => self.fired.to_string().into_bytes(),
             "loop-timer" => {
                 host::send_after(Duration::from_millis(1), b"loop").map_err(|e| e.to_string())?;
                 b"armed".to_vec()
@@ -329,10 +339,16 @@ impl Key for Hostile {
     }
 
     fn handle_info(&mut self, info: Info) {
-        if let Info::Timer(fired) = info
-            && fired.tag == b"loop"
-        {
+        let Info::Timer(fired) = info else {
+            return;
+        };
+        if fired.tag == b"loop" {
             spin_forever();
+        }
+        if fired.tag == b"rearm" {
+            self.fired += 1;
+            // Refused only when the key is going away.
+            let _ = host::send_after(Duration::ZERO, b"rearm");
         }
     }
 

@@ -1,0 +1,254 @@
+//! Guest CPU shared fairly, and short calls kept short (issue 17 item 1;
+//! issue 16 finding 9; design.md "Guest CPU: threads, fair share, budgets").
+//!
+//! - Over real HTTP, a victim key answers while keys of another module spin:
+//!   guest code runs on the guest threads, never on the API's workers.
+//! - Turns go fairly between tenants: a tenant with one spinning key gets
+//!   about as much of the guest threads as a tenant with four.
+//! - A key whose timer re-arms at 0 ms is held to its `cpu_budget`, and is
+//!   throttled, not killed, while another key's calls keep answering.
+//!
+//! Bounds are generous (a loaded 2-core machine holds them); no speed is
+//! asserted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fief::{Instance, ModuleOptions, NodeConfig};
+use fief_tests::{HttpServer, call_text, guests, node_with_options, test_config};
+
+/// The longest any victim call may take, attacked or not: a generous bound
+/// (a victim starved behind guest code waits for seconds).
+const VICTIM_BOUND: Duration = Duration::from_secs(1);
+
+/// Options for spinning keys: they loop in `handle-cast` until `cpu_limit`.
+fn spinner_options(cpu_limit: Duration) -> ModuleOptions {
+    ModuleOptions {
+        cpu_limit,
+        ..ModuleOptions::default()
+    }
+}
+
+/// Keep `keys` of `module` spinning: cast them `loop` again every 100 ms
+/// (a cast that finds the mailbox full is dropped; the key is busy anyway).
+fn keep_spinning(
+    node: &Arc<Instance>,
+    module: &str,
+    keys: &[String],
+) -> tokio::task::JoinHandle<()> {
+    let (node, module, keys) = (node.clone(), module.to_owned(), keys.to_vec());
+    tokio::spawn(async move {
+        loop {
+            for key in &keys {
+                let _ = node.cast(&module, key, b"loop".to_vec());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// Issue 17 item 1: the API never waits behind guest code. Four keys of
+/// another module spin (the epoch tick is 100 ms, so each of their slices
+/// holds a thread that long, and four guest threads give each spinner a
+/// turn); the victim's calls over the node's HTTP API (a real socket) each
+/// answer within a second. With guest code on the API's two workers they
+/// waited seconds: each worker always has a spinner to run and polls its
+/// sockets only every 61 task polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_answers_over_http_while_four_keys_of_another_module_spin() {
+    let config = NodeConfig {
+        epoch_tick: Duration::from_millis(100),
+        kill_bound: Duration::from_millis(250),
+        guest_threads: 4,
+        ..test_config()
+    };
+    let node = Arc::new(
+        node_with_options(
+            config,
+            &[
+                ("counter", guests::COUNTER, ModuleOptions::default()),
+                (
+                    "hostile",
+                    guests::HOSTILE,
+                    spinner_options(Duration::from_secs(2)),
+                ),
+            ],
+        )
+        .await,
+    );
+    let server = HttpServer::start(node.clone()).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/v1/keys/counter/victim/call");
+    let call = |client: &reqwest::Client| {
+        let request = client.post(&url).body("incr").send();
+        async move {
+            let started = Instant::now();
+            let response = tokio::time::timeout(Duration::from_secs(30), request)
+                .await
+                .expect("the victim answers at all")
+                .expect("the request goes through");
+            assert_eq!(response.status(), 200);
+            started.elapsed()
+        }
+    };
+    // Warm: the victim is live and idle.
+    call(&client).await;
+    let attackers = names("spinner", 4);
+    let attack = keep_spinning(&node, "hostile", &attackers);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        slowest = slowest.max(call(&client).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    attack.abort();
+    eprintln!("slowest victim call over HTTP with four keys spinning: {slowest:?}");
+    assert!(
+        slowest < VICTIM_BOUND,
+        "a victim call took {slowest:?} while four keys spun (bound {VICTIM_BOUND:?})"
+    );
+}
+
+/// Design.md "Guest CPU": turns go fairly between tenants. On one guest
+/// thread, tenant `acme` keeps four keys spinning and tenant `globex` one;
+/// `globex` gets about half the thread (a FIFO of yielding keys gives it a
+/// fifth). Measured with the node's per-module CPU counters, as a share, so
+/// load on the machine affects both tenants alike.
+#[tokio::test]
+async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
+    let config = NodeConfig {
+        guest_threads: 1,
+        ..test_config()
+    };
+    let spin = spinner_options(Duration::from_secs(60));
+    let node = Arc::new(
+        node_with_options(
+            config,
+            &[
+                ("acme/spin", guests::HOSTILE, spin.clone()),
+                ("globex/spin", guests::HOSTILE, spin),
+            ],
+        )
+        .await,
+    );
+    let many = keep_spinning(&node, "acme/spin", &names("a", 4));
+    let one = keep_spinning(&node, "globex/spin", &names("g", 1));
+    let cpu = |module: &str| {
+        node.status()
+            .modules
+            .iter()
+            .find(|m| m.name == module)
+            .map_or(0.0, |m| m.cpu_seconds)
+    };
+    // Let every key start, then measure over two seconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (acme_0, globex_0) = (cpu("acme/spin"), cpu("globex/spin"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (acme, globex) = (cpu("acme/spin") - acme_0, cpu("globex/spin") - globex_0);
+    many.abort();
+    one.abort();
+    let share = globex / (acme + globex);
+    eprintln!("CPU over 2 s: globex (one key) {globex:.3} s, acme (four keys) {acme:.3} s");
+    assert!(
+        acme + globex > 0.1,
+        "the spinners hardly ran ({acme:.3} s, {globex:.3} s)"
+    );
+    assert!(
+        share > 0.35,
+        "globex's one key got {:.0} % of the guest thread against acme's four keys \
+         ({globex:.3} s vs {acme:.3} s); a fair share is 50 %, a FIFO gives 20 %",
+        share * 100.0
+    );
+}
+
+/// Issue 16 finding 9: a key whose timer re-arms at 0 ms runs short
+/// callbacks forever, none near `cpu_limit`. With `cpu_budget = 20m` (a
+/// fiftieth of a core over a one-second window) it is throttled, not killed:
+/// over two seconds its CPU stays near 0.06 s, under half of what the same
+/// key without a budget uses beside it in the same run; the throttled time
+/// shows in `status` (and `fief_key_throttled_seconds_total`); and another
+/// key's calls keep answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_timer_rearms_at_zero_is_held_to_its_cpu_budget() {
+    let budgeted = ModuleOptions {
+        cpu_budget: "20m".parse().expect("a share"),
+        ..ModuleOptions::default()
+    };
+    let node = Arc::new(
+        node_with_options(
+            test_config(),
+            &[
+                ("counter", guests::COUNTER, ModuleOptions::default()),
+                ("hostile", guests::HOSTILE, budgeted),
+                ("unbudgeted", guests::HOSTILE, ModuleOptions::default()),
+            ],
+        )
+        .await,
+    );
+    for module in ["hostile", "unbudgeted"] {
+        assert_eq!(
+            call_text(&node, module, "busy", "rearm-zero").await,
+            "armed"
+        );
+    }
+    let figures = |node: &Instance, name: &str| {
+        let module = node
+            .status()
+            .modules
+            .into_iter()
+            .find(|m| m.name == name)
+            .expect("deployed");
+        (module.cpu_seconds, module.throttled_seconds)
+    };
+    let (used_0, throttled_0) = figures(&node, "hostile");
+    let (free_0, _) = figures(&node, "unbudgeted");
+    let begun = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while begun.elapsed() < Duration::from_secs(2) {
+        let call = Instant::now();
+        call_text(&node, "counter", "victim", "incr").await;
+        slowest = slowest.max(call.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (used_1, throttled_1) = figures(&node, "hostile");
+    let (free_1, _) = figures(&node, "unbudgeted");
+    let (used, throttled, free) = (used_1 - used_0, throttled_1 - throttled_0, free_1 - free_0);
+    eprintln!(
+        "over 2 s: under 20m CPU {used:.3} s (throttled {throttled:.3} s), without a budget \
+         {free:.3} s; slowest victim call {slowest:?}"
+    );
+    assert!(
+        used < free / 2.0,
+        "the key used {used:.3} s of CPU in 2 s under a 20m budget (about 0.06 s allowed), \
+         the same key without a budget {free:.3} s"
+    );
+    assert!(
+        throttled > 0.5,
+        "the key was throttled only {throttled:.3} s in 2 s"
+    );
+    // Throttled, not killed: it still counts its timers and answers.
+    let fired: u64 = call_text(&node, "hostile", "busy", "fired")
+        .await
+        .parse()
+        .expect("a count");
+    assert!(fired > 0, "its timer never fired");
+    assert!(
+        slowest < VICTIM_BOUND,
+        "a victim call took {slowest:?} beside the throttled key"
+    );
+    let server = HttpServer::start(node.clone()).await;
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the metrics text");
+    assert!(
+        metrics.contains("fief_key_throttled_seconds_total{module=\"hostile\"}"),
+        "no throttled-seconds series in the metrics"
+    );
+}
