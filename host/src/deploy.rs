@@ -357,6 +357,13 @@ impl NodeShared {
 
     /// Make `compiled` the version of `name` new activations use here.
     fn install(&self, name: &str, compiled: CompiledModule) -> ModuleInfo {
+        // Installed here is seen in use, whether or not a follower round
+        // runs before it is replaced: the next round's trim then knows to
+        // remove its entry once nothing uses it (the trim test failed when
+        // no round ran between a deploy and the redeploy that replaced it).
+        if let Some(seen) = lock(&self.deploys.cache_in_use).as_mut() {
+            seen.insert(compiled.content_hash.clone());
+        }
         let existing = self.module(name).ok();
         let slot = match existing {
             Some(slot) => {
