@@ -13,12 +13,16 @@
 //!   (16 MiB) kills it.
 //! - `publish_flood`: each attacker's key publishes to a topic the victim's
 //!   module does not hear until `max_publishes_per_second` (1000) refuses it.
+//! - `timer_storm`: each attacker's key (of `budgeted`, with `cpu_budget`
+//!   100m) re-arms a 0 ms timer forever: short callbacks, none near its CPU
+//!   limit, held to its budget by throttling (issue 16 finding 9). Armed
+//!   once; last in each list, since it never stops.
 //!
 //! Then the HTTP form (issue 17): the victim's `incr` over the node's HTTP
 //! API on a real loopback socket, from a client on a thread and runtime of
 //! its own (as an external load generator would be), one call at a time;
-//! printed as p50 / p99 over `HTTP_CALLS` calls, quiet and with the
-//! attackers spinning, with the load average.
+//! printed as p50 / p99 over `HTTP_CALLS` calls, quiet and under each
+//! attack, with the load average.
 //!
 //! Run with `cargo bench -p fief-benches --bench hostile` (add `-- --quick`
 //! for a smoke run); the figures are in `docs/benchmarks.md`, "Hostile
@@ -43,7 +47,8 @@ const HOSTILE_WASM: &str = env!("FIEF_GUEST_HOSTILE");
 const ATTACKERS: usize = 4;
 
 /// The node: `counter` with default options, `hostile` with a 100 ms CPU
-/// limit and a 16 MiB memory limit.
+/// limit and a 16 MiB memory limit, `budgeted` (the same guest) with a
+/// `cpu_budget` of 100m as well.
 async fn node() -> Arc<Instance> {
     let config = NodeConfig {
         max_live_keys: 64,
@@ -60,7 +65,15 @@ async fn node() -> Arc<Instance> {
         config,
         &[
             ("counter", &guest(COUNTER_WASM), ModuleOptions::default()),
-            ("hostile", &guest(HOSTILE_WASM), hostile),
+            ("hostile", &guest(HOSTILE_WASM), hostile.clone()),
+            (
+                "budgeted",
+                &guest(HOSTILE_WASM),
+                ModuleOptions {
+                    cpu_budget: "100m".parse().expect("a share"),
+                    ..hostile
+                },
+            ),
         ],
     )
     .await;
@@ -71,8 +84,17 @@ async fn node() -> Arc<Instance> {
 }
 
 /// Start `ATTACKERS` tasks, each sending `attack` to its own hostile key
-/// again and again (each call ends when the node contains the attack).
-fn start_attack(node: &Arc<Instance>, attack: &'static [u8]) -> Vec<JoinHandle<()>> {
+/// again and again (each call ends when the node contains the attack); for
+/// the timer storm, arm each attacker's timer once (it never stops).
+async fn start_attack(node: &Arc<Instance>, attack: &'static [u8]) -> Vec<JoinHandle<()>> {
+    if attack == TIMER_STORM {
+        for i in 0..ATTACKERS {
+            node.call("budgeted", &format!("attacker-{i}"), attack.to_vec())
+                .await
+                .expect("the timer is armed");
+        }
+        return Vec::new();
+    }
     (0..ATTACKERS)
         .map(|i| {
             let node = node.clone();
@@ -86,18 +108,25 @@ fn start_attack(node: &Arc<Instance>, attack: &'static [u8]) -> Vec<JoinHandle<(
         .collect()
 }
 
+/// The attack that arms a 0 ms timer re-armed forever.
+const TIMER_STORM: &[u8] = b"rearm-zero";
+
+/// Every attack, by name; `None` is the baseline.
+const ATTACKS: [(&str, Option<&[u8]>); 5] = [
+    ("quiet", None),
+    ("spinning", Some(b"loop")),
+    ("memory_bombs", Some(b"memory")),
+    ("publish_flood", Some(b"publish-flood")),
+    ("timer_storm", Some(TIMER_STORM)),
+];
+
 fn bench(c: &mut Criterion) {
     let rt = Runtime::new().expect("tokio runtime");
     let node = rt.block_on(node());
     let mut group = c.benchmark_group("hostile/victim_warm_call");
     group.measurement_time(Duration::from_secs(5));
-    for (name, attack) in [
-        ("quiet", None),
-        ("spinning", Some(&b"loop"[..])),
-        ("memory_bombs", Some(&b"memory"[..])),
-        ("publish_flood", Some(&b"publish-flood"[..])),
-    ] {
-        let attackers = attack.map(|a| rt.block_on(async { start_attack(&node, a) }));
+    for (name, attack) in ATTACKS {
+        let attackers = attack.map(|a| rt.block_on(start_attack(&node, a)));
         group.bench_function(name, |b| {
             // Each sample's calls run in one task on the node's runtime,
             // beside the attackers' tasks.
@@ -182,12 +211,8 @@ fn bench_http(quick: bool) {
         "  {:<14} {:>10} {:>10}   load average",
         "attack", "p50", "p99"
     );
-    for (name, attack) in [
-        ("quiet", None),
-        ("spinning", Some(&b"loop"[..])),
-        ("memory_bombs", Some(&b"memory"[..])),
-    ] {
-        let attackers = attack.map(|a| rt.block_on(async { start_attack(&node, a) }));
+    for (name, attack) in ATTACKS {
+        let attackers = attack.map(|a| rt.block_on(start_attack(&node, a)));
         // Let the attack get going.
         std::thread::sleep(Duration::from_millis(200));
         let mut latencies = http_latencies(addr, calls);

@@ -201,6 +201,22 @@ pub(crate) fn render(status: &Value) -> String {
             tenant["bytes"], tenant["limit"], tenant["refused"]
         );
     }
+    for tenant in status["tenant_cpu"].as_array().into_iter().flatten() {
+        let name = match tenant["tenant"].as_str() {
+            Some("") | None => "modules of no tenant".to_owned(),
+            Some(t) => format!("tenant {t}"),
+        };
+        let budget = match tenant["budget"].as_str() {
+            Some(cores) => format!(" (budget {cores})"),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  cpu, {name}: {:.3} s, throttled {:.3} s{budget}",
+            tenant["cpu_seconds"].as_f64().unwrap_or(0.0),
+            tenant["throttled_seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
     for module in status["modules"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
@@ -245,7 +261,9 @@ mod tests {
             "cache": {}, "modules": [{"name": "counter", "version": 1, "live_keys": 2,
                 "size_bytes": 10, "options": {"on_fence": "terminate"}}],
             "limbo": [{"module": "m", "key": "k"}],
-            "host_bytes": [{"tenant": "acme", "bytes": 2048, "limit": 4096, "refused": 3}]
+            "host_bytes": [{"tenant": "acme", "bytes": 2048, "limit": 4096, "refused": 3}],
+            "tenant_cpu": [{"tenant": "acme", "cpu_seconds": 1.5, "throttled_seconds": 0.25,
+                "budget": "500m"}]
         });
         let text = render(&status);
         assert!(text.contains("leader a (this node, term 4)"), "{text}");
@@ -254,6 +272,10 @@ mod tests {
         assert!(text.contains("[####----------------]"), "{text}");
         assert!(text.contains("in limbo: 1"), "{text}");
         assert!(text.contains("module counter v1"), "{text}");
+        assert!(
+            text.contains("cpu, tenant acme: 1.500 s, throttled 0.250 s (budget 500m)"),
+            "{text}"
+        );
         assert!(
             text.contains("host memory, tenant acme: 2048 of 4096 bytes; 3 refused"),
             "{text}"

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 /// Byte sizes in options and config (`64MiB`).
 pub use bytesize::ByteSize;
 
-pub use crate::cpu_budget::CpuShare;
+pub use crate::cpu_budget::{CpuCores, CpuShare};
 use crate::error::{Error, Result};
 use crate::guest_log::{MAX_LOG_BYTES_PER_SECOND, MAX_LOG_LINES_PER_SECOND};
 
@@ -155,6 +155,24 @@ pub struct NodeConfig {
     /// [`crate::scheduler`]), apart from the API's and the coordination
     /// loop's; 0: one per core.
     pub guest_threads: u32,
+    /// The niceness the guest threads run at (0 to 19; default 10): under
+    /// contention for the cores, the API, the peer links and the lease
+    /// threads (at the process's own niceness) are scheduled ahead of guest
+    /// code, so a node whose keys keep every core busy still answers and
+    /// renews. 0 runs guest code at the process's priority. Raising it needs
+    /// no privilege; a thread cannot lower it again.
+    pub guest_thread_nice: u8,
+    /// Cores one tenant's keys (the modules `tenant/…`; modules of no tenant
+    /// count as one) may use together on this node over
+    /// `cpu_budget_per_tenant_window` (`1500m`, `1.5`); past it they are
+    /// throttled, not killed ([`crate::cpu_budget`]). `None` (the default):
+    /// tenants share the guest threads by fair turns, with no budget.
+    pub cpu_budget_per_tenant: Option<CpuCores>,
+    /// The window `cpu_budget_per_tenant` is measured over (10 ms to 1
+    /// minute; default 1 s): a tenant may use up to one window's worth in a
+    /// burst.
+    #[serde(with = "humantime_serde")]
+    pub cpu_budget_per_tenant_window: Duration,
 }
 
 /// The node's ceilings over module options: a deploy asking for more is
@@ -320,6 +338,9 @@ impl Default for NodeConfig {
             http_body_read_timeout: crate::http_limits::DEFAULT_BODY_READ_TIMEOUT,
             http_max_connections: None,
             guest_threads: 0,
+            guest_thread_nice: 10,
+            cpu_budget_per_tenant: None,
+            cpu_budget_per_tenant_window: Duration::from_secs(1),
         }
     }
 }
@@ -388,6 +409,20 @@ impl NodeConfig {
                 "kill_bound ({:?}) must be at least two epoch ticks ({:?}): a running guest notices a kill at the next tick",
                 self.kill_bound,
                 self.epoch_tick * 2
+            ));
+        }
+        if self.guest_thread_nice > 19 {
+            return bad(format!(
+                "guest_thread_nice ({}) must be between 0 and 19 (Linux niceness)",
+                self.guest_thread_nice
+            ));
+        }
+        if self.cpu_budget_per_tenant_window < Duration::from_millis(10)
+            || self.cpu_budget_per_tenant_window > Duration::from_secs(60)
+        {
+            return bad(format!(
+                "cpu_budget_per_tenant_window ({:?}) must be between 10ms and 1m",
+                self.cpu_budget_per_tenant_window
             ));
         }
         if self.max_host_bytes_per_tenant < self.max_message_size {

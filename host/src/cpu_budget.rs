@@ -22,15 +22,28 @@
 //! is charged its wait too: a key is throttled early under CPU contention,
 //! never late.
 //!
+//! A tenant may also have a budget of its own (the node's
+//! `cpu_budget_per_tenant`, a number of cores over
+//! `cpu_budget_per_tenant_window`): every key's meter also drains its
+//! tenant's [`TenantCpu`] bucket, and a key whose tenant is in debt is
+//! throttled like a key in debt of its own, so one tenant's keys together use
+//! at most that many cores over the window, plus one slice per key running
+//! when the tenant's credit ran out. Every tenant's use and throttling are
+//! counted (`fief_tenant_cpu_seconds_total`,
+//! `fief_tenant_throttled_seconds_total`, `fief status`), budget or not.
+//!
 //! This module must not decide who runs next among keys that are all within
 //! their budgets: that is [`crate::scheduler`]'s fair share.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::key::lock;
 use crate::metrics::SecondsCounter;
 
 /// A share of one core, in thousandths (millicores): `250m` is a quarter of
@@ -70,54 +83,106 @@ impl std::str::FromStr for CpuShare {
     type Err = String;
 
     fn from_str(text: &str) -> Result<CpuShare, String> {
-        let t = text.trim();
-        let bad = || {
-            format!(
-                "{text:?} is not a CPU share; write thousandths of a core (250m), a fraction \
-                 (0.25) or a percentage (25%), between 1m and one core (1)"
-            )
-        };
-        let millicores = if let Some(m) = t.strip_suffix('m') {
-            m.parse::<u32>().map_err(|_| bad())?
+        CpuShare::from_millicores(parse_millicores(text, "between 1m and one core (1)")?)
+    }
+}
+
+/// Thousandths of a core from `250m`, `0.25`, `25%` or `2`; `range` ends the
+/// message of a refusal ("between 1m and one core (1)").
+fn parse_millicores(text: &str, range: &str) -> Result<u32, String> {
+    let t = text.trim();
+    let bad = || {
+        format!(
+            "{text:?} is not a CPU share; write thousandths of a core (250m), a fraction \
+             (0.25) or a percentage (25%), {range}"
+        )
+    };
+    if let Some(m) = t.strip_suffix('m') {
+        return m.parse::<u32>().map_err(|_| bad());
+    }
+    let (number, scale) = match t.strip_suffix('%') {
+        Some(p) => (p, 10.0),
+        None => (t, 1000.0),
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(bad());
+    }
+    Ok((value * scale).round().min(f64::from(u32::MAX)) as u32)
+}
+
+/// A number of cores, in thousandths: a tenant's `cpu_budget_per_tenant`
+/// (`1500m` or `1.5` is a core and a half). Between `1m` and 1024 cores.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CpuCores(u32);
+
+impl CpuCores {
+    /// The most a tenant's budget may be: 1024 cores.
+    pub const MAX_MILLICORES: u32 = 1_024_000;
+
+    /// `millicores` thousandths of a core.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the value when it is not between 1m and 1024 cores.
+    pub fn from_millicores(millicores: u32) -> Result<CpuCores, String> {
+        if (1..=Self::MAX_MILLICORES).contains(&millicores) {
+            Ok(CpuCores(millicores))
         } else {
-            let (number, scale) = match t.strip_suffix('%') {
-                Some(p) => (p, 10.0),
-                None => (t, 1000.0),
-            };
-            let value: f64 = number.parse().map_err(|_| bad())?;
-            if !value.is_finite() || value < 0.0 {
-                return Err(bad());
+            Err(format!(
+                "a CPU budget of {millicores}m is not between 1m and 1024 cores"
+            ))
+        }
+    }
+
+    /// The number in thousandths of a core.
+    pub fn millicores(self) -> u32 {
+        self.0
+    }
+}
+
+impl std::str::FromStr for CpuCores {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<CpuCores, String> {
+        CpuCores::from_millicores(parse_millicores(text, "between 1m and 1024 cores")?)
+    }
+}
+
+/// Text forms of a millicore newtype: shown as `250m`, read through its
+/// `FromStr` (serde goes through both).
+macro_rules! millicore_text {
+    ($t:ty) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}m", self.0)
             }
-            (value * scale).round().min(f64::from(u32::MAX)) as u32
-        };
-        CpuShare::from_millicores(millicores)
-    }
+        }
+
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Display::fmt(self, f)
+            }
+        }
+
+        impl TryFrom<String> for $t {
+            type Error = String;
+            fn try_from(text: String) -> Result<$t, String> {
+                text.parse()
+            }
+        }
+
+        impl From<$t> for String {
+            fn from(value: $t) -> String {
+                value.to_string()
+            }
+        }
+    };
 }
 
-impl std::fmt::Display for CpuShare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}m", self.0)
-    }
-}
-
-impl std::fmt::Debug for CpuShare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(self, f)
-    }
-}
-
-impl TryFrom<String> for CpuShare {
-    type Error = String;
-    fn try_from(text: String) -> Result<CpuShare, String> {
-        text.parse()
-    }
-}
-
-impl From<CpuShare> for String {
-    fn from(share: CpuShare) -> String {
-        share.to_string()
-    }
-}
+millicore_text!(CpuShare);
+millicore_text!(CpuCores);
 
 /// What a key's guest code has used, moved by [`metered`] while the store
 /// is borrowed by the call (so it lives beside the store, not in it).
@@ -127,15 +192,21 @@ pub(crate) struct CpuMeter {
     module_used: SecondsCounter,
     /// The module's `fief_key_throttled_seconds_total`.
     module_throttled: SecondsCounter,
+    /// The key's tenant, charged everything the key is.
+    tenant: Arc<TenantCpu>,
 }
 
 impl CpuMeter {
-    /// A meter that also moves its module's counters.
-    pub(crate) fn new((module_used, module_throttled): (SecondsCounter, SecondsCounter)) -> Self {
+    /// A meter that also moves its module's counters and its tenant's.
+    pub(crate) fn new(
+        (module_used, module_throttled): (SecondsCounter, SecondsCounter),
+        tenant: Arc<TenantCpu>,
+    ) -> Self {
         CpuMeter {
             used_nanos: AtomicU64::new(0),
             module_used,
             module_throttled,
+            tenant,
         }
     }
 
@@ -144,15 +215,120 @@ impl CpuMeter {
         self.used_nanos.load(Ordering::Relaxed)
     }
 
+    /// The key's tenant's meter.
+    pub(crate) fn tenant(&self) -> &TenantCpu {
+        &self.tenant
+    }
+
     fn charge(&self, spent: Duration) {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         self.used_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.module_used.inc_by(spent.as_secs_f64());
+        self.tenant.used_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.tenant.used.inc_by(spent.as_secs_f64());
     }
 
-    /// The key waited `waited` for its budget.
+    /// The key waited `waited` for its budget or its tenant's.
     pub(crate) fn throttled(&self, waited: Duration) {
         self.module_throttled.inc_by(waited.as_secs_f64());
+        self.tenant.throttled.inc_by(waited.as_secs_f64());
+    }
+}
+
+/// One tenant's CPU on this node: what its keys used, what they waited, and
+/// its `cpu_budget_per_tenant` (see the module header).
+pub(crate) struct TenantCpu {
+    used_nanos: AtomicU64,
+    /// `fief_tenant_cpu_seconds_total{tenant}`.
+    used: SecondsCounter,
+    /// `fief_tenant_throttled_seconds_total{tenant}`.
+    throttled: SecondsCounter,
+    /// The tenant's budget; `None`: the node sets none.
+    budget: Option<Mutex<CpuBudget>>,
+    limit: Option<CpuCores>,
+}
+
+impl TenantCpu {
+    /// How long the tenant's keys must wait until its credit is back at
+    /// zero, if it is in debt.
+    pub(crate) fn wait(&self, now: Instant) -> Option<Duration> {
+        let budget = self.budget.as_ref()?;
+        lock(budget).wait(self.used_nanos.load(Ordering::Relaxed), now)
+    }
+}
+
+/// Every tenant's [`TenantCpu`] on one node, made on first use.
+pub(crate) struct TenantCpuMeters {
+    meters: Mutex<HashMap<String, Arc<TenantCpu>>>,
+    /// The node's `cpu_budget_per_tenant` and its window.
+    budget: Option<(CpuCores, Duration)>,
+}
+
+/// One tenant's CPU, as `fief status` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantCpuReport {
+    /// The tenant (`""`: modules of no tenant).
+    pub tenant: String,
+    /// Seconds its keys ran on this node since it started.
+    pub cpu_seconds: f64,
+    /// Seconds its keys waited, over their budgets or the tenant's.
+    pub throttled_seconds: f64,
+    /// The tenant's `cpu_budget_per_tenant` (`1500m`), if the node sets one.
+    pub budget: Option<String>,
+}
+
+impl TenantCpuMeters {
+    /// Meters for a node whose tenants each get `budget` cores over its
+    /// window (`None`: no tenant budget).
+    pub(crate) fn new(budget: Option<(CpuCores, Duration)>) -> Self {
+        TenantCpuMeters {
+            meters: Mutex::new(HashMap::new()),
+            budget,
+        }
+    }
+
+    /// The meter of `tenant`, made with `counters` (its two metric series)
+    /// when it is new.
+    pub(crate) fn of(
+        &self,
+        tenant: &str,
+        counters: impl FnOnce() -> (SecondsCounter, SecondsCounter),
+    ) -> Arc<TenantCpu> {
+        let mut meters = lock(&self.meters);
+        if let Some(meter) = meters.get(tenant) {
+            return meter.clone();
+        }
+        let (used, throttled) = counters();
+        let meter = Arc::new(TenantCpu {
+            used_nanos: AtomicU64::new(0),
+            used,
+            throttled,
+            budget: self.budget.map(|(cores, window)| {
+                Mutex::new(CpuBudget::new(
+                    u64::from(cores.millicores()),
+                    window,
+                    Instant::now(),
+                ))
+            }),
+            limit: self.budget.map(|(cores, _)| cores),
+        });
+        meters.insert(tenant.to_owned(), meter.clone());
+        meter
+    }
+
+    /// Every tenant's figures, by name.
+    pub(crate) fn report(&self) -> Vec<TenantCpuReport> {
+        let mut out: Vec<_> = lock(&self.meters)
+            .iter()
+            .map(|(tenant, m)| TenantCpuReport {
+                tenant: tenant.clone(),
+                cpu_seconds: m.used.get(),
+                throttled_seconds: m.throttled.get(),
+                budget: m.limit.map(|c| c.to_string()),
+            })
+            .collect();
+        out.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        out
     }
 }
 
@@ -182,23 +358,29 @@ pub(crate) struct CpuBudget {
 }
 
 impl CpuBudget {
-    /// The budget of `share` over `window`, full at `now`; `None` for a whole
-    /// core (nothing to throttle).
-    pub(crate) fn new(share: CpuShare, window: Duration, now: Instant) -> Option<CpuBudget> {
+    /// The budget of `share` of one core over `window` for a key, full at
+    /// `now`; `None` for a whole core (nothing to throttle: a key runs one
+    /// callback at a time).
+    pub(crate) fn for_key(share: CpuShare, window: Duration, now: Instant) -> Option<CpuBudget> {
         if share >= CpuShare::WHOLE_CORE {
             return None;
         }
-        let millicores = u64::from(share.millicores());
+        Some(CpuBudget::new(u64::from(share.millicores()), window, now))
+    }
+
+    /// The budget of `millicores` thousandths of a core over `window`, full
+    /// at `now`.
+    fn new(millicores: u64, window: Duration, now: Instant) -> CpuBudget {
         let window_nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
         let capacity = window_nanos.saturating_mul(millicores) / 1000;
         let capacity_nanos = i64::try_from(capacity).unwrap_or(i64::MAX);
-        Some(CpuBudget {
-            millicores,
+        CpuBudget {
+            millicores: millicores.max(1),
             capacity_nanos,
             credit_nanos: capacity_nanos,
             at: now,
             charged_nanos: 0,
-        })
+        }
     }
 
     /// Fold in what the meter read (`used_nanos`, its running total) and the
@@ -249,7 +431,8 @@ mod tests {
     #[test]
     fn a_whole_core_is_never_throttled() {
         assert!(
-            CpuBudget::new(CpuShare::WHOLE_CORE, Duration::from_secs(1), Instant::now()).is_none()
+            CpuBudget::for_key(CpuShare::WHOLE_CORE, Duration::from_secs(1), Instant::now())
+                .is_none()
         );
     }
 
@@ -257,7 +440,7 @@ mod tests {
     fn a_key_over_its_budget_waits_until_its_credit_is_back() {
         let start = Instant::now();
         let share = CpuShare::from_millicores(100).unwrap();
-        let mut budget = CpuBudget::new(share, Duration::from_secs(1), start).unwrap();
+        let mut budget = CpuBudget::for_key(share, Duration::from_secs(1), start).unwrap();
         // A full bucket holds 100 ms; using 90 ms leaves credit.
         assert_eq!(budget.wait(90_000_000, start), None);
         // 30 ms more is 20 ms of debt: 200 ms at a tenth of a core.
@@ -269,5 +452,61 @@ mod tests {
         let later = start + Duration::from_secs(3600);
         assert_eq!(budget.wait(120_000_000, later), None);
         assert!(budget.wait(221_000_000, later).is_some());
+    }
+
+    #[test]
+    fn tenant_budgets_are_read_in_cores_and_refused_past_1024() {
+        let cores: CpuCores = "1.5".parse().expect("cores");
+        assert_eq!(cores.millicores(), 1500);
+        assert_eq!(cores.to_string(), "1500m");
+        assert_eq!("250m".parse::<CpuCores>().unwrap().millicores(), 250);
+        for text in ["0", "1025", "-2", "much"] {
+            let why = text.parse::<CpuCores>().expect_err(text);
+            assert!(why.contains("1024 cores"), "{text}: {why}");
+        }
+    }
+
+    #[test]
+    fn every_key_of_a_tenant_drains_one_tenant_budget() {
+        let cores = CpuCores::from_millicores(100).unwrap();
+        let meters = TenantCpuMeters::new(Some((cores, Duration::from_secs(1))));
+        let counters = || (SecondsCounter::default(), SecondsCounter::default());
+        let acme = meters.of("acme", counters);
+        let module = || (SecondsCounter::default(), SecondsCounter::default());
+        let (a, b) = (
+            CpuMeter::new(module(), acme.clone()),
+            CpuMeter::new(module(), meters.of("acme", counters)),
+        );
+        let globex = CpuMeter::new(module(), meters.of("globex", counters));
+        let now = Instant::now();
+        // The bucket holds 100 ms: two keys' 60 ms each put the tenant 20 ms
+        // in debt, which takes 200 ms to pay back at a tenth of a core.
+        a.charge(Duration::from_millis(60));
+        b.charge(Duration::from_millis(60));
+        assert_eq!(a.tenant().wait(now), Some(Duration::from_millis(200)));
+        assert_eq!(b.tenant().wait(now), Some(Duration::from_millis(200)));
+        // Another tenant's budget is its own.
+        assert_eq!(globex.tenant().wait(now), None);
+        assert_eq!(acme.wait(now + Duration::from_millis(200)), None);
+        let report = meters.report();
+        assert_eq!(report.len(), 2);
+        assert_eq!(report[0].tenant, "acme");
+        assert!((report[0].cpu_seconds - 0.12).abs() < 1e-9);
+        assert_eq!(report[0].budget.as_deref(), Some("100m"));
+    }
+
+    #[test]
+    fn without_a_node_budget_tenants_are_metered_but_never_throttled() {
+        let meters = TenantCpuMeters::new(None);
+        let tenant = meters.of("acme", || {
+            (SecondsCounter::default(), SecondsCounter::default())
+        });
+        let key = CpuMeter::new(
+            (SecondsCounter::default(), SecondsCounter::default()),
+            tenant.clone(),
+        );
+        key.charge(Duration::from_secs(100));
+        assert_eq!(tenant.wait(Instant::now()), None);
+        assert!((meters.report()[0].cpu_seconds - 100.0).abs() < 1e-9);
     }
 }

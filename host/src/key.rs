@@ -597,11 +597,16 @@ impl KeyCtx {
         }
     }
 
-    /// How long the key must wait for its `cpu_budget` before it runs
-    /// again, if it is over it.
+    /// How long the key must wait for its `cpu_budget` and its tenant's
+    /// `cpu_budget_per_tenant` before it runs again, if it is over either.
     fn throttle(&mut self) -> Option<Duration> {
-        let budget = self.budget.as_mut()?;
-        budget.wait(self.cpu.used_nanos(), std::time::Instant::now())
+        let now = std::time::Instant::now();
+        let own = self
+            .budget
+            .as_mut()
+            .and_then(|budget| budget.wait(self.cpu.used_nanos(), now));
+        let tenant = self.cpu.tenant().wait(now);
+        own.max(tenant)
     }
 
     fn cpu_limit_death(&self) -> String {
@@ -674,7 +679,7 @@ impl KeyProcess {
             resuming: false,
             inline: false,
             cpu: cpu.clone(),
-            budget: CpuBudget::new(
+            budget: CpuBudget::for_key(
                 options.cpu_budget,
                 options.cpu_budget_window,
                 std::time::Instant::now(),
@@ -1411,7 +1416,12 @@ async fn run_key(
     handoff: Option<Vec<u8>>,
     held: ProcessGuard,
 ) {
-    let cpu = Arc::new(CpuMeter::new(node.metrics.key_cpu_counters(&env.module)));
+    let tenant = crate::auth::tenant_of(&env.module).unwrap_or("");
+    let cpu = Arc::new(CpuMeter::new(
+        node.metrics.key_cpu_counters(&env.module),
+        node.tenant_cpu
+            .of(tenant, || node.metrics.tenant_cpu_counters(tenant)),
+    ));
     let (scheduler, seat) = (node.runtime.scheduler.clone(), Arc::new(Seat::default()));
     let mut task = Box::pin(drive_key(
         node,

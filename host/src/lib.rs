@@ -52,7 +52,7 @@ mod transport;
 pub use bindings::types::StopReason;
 pub use cache::{Cache, CacheEntry, CacheStats};
 pub use clock::{SteppedClock, TokioClock};
-pub use config::{ModuleCeilings, ModuleOptions, NodeConfig};
+pub use config::{CpuCores, ModuleCeilings, ModuleOptions, NodeConfig};
 pub use deploy::ModuleListing;
 pub use error::{Error, Result};
 pub use fief_core as core;

@@ -91,6 +91,13 @@ pub(crate) fn lower_to_ceilings(
     );
     cap(
         &mut lowered,
+        "max_host_bytes_per_key",
+        &mut o.max_host_bytes_per_key,
+        c.max_host_bytes_per_key,
+    );
+    cap(&mut lowered, "cpu_budget", &mut o.cpu_budget, c.cpu_budget);
+    cap(
+        &mut lowered,
         "memory_limit",
         &mut o.memory_limit,
         node.max_memory_per_key,
@@ -119,7 +126,11 @@ mod tests {
         let mut node = NodeConfig::default();
         node.module_ceilings.cpu_limit = Duration::from_secs(1);
         node.module_ceilings.mailbox_depth = 100;
+        node.module_ceilings.cpu_budget = "100m".parse().unwrap();
+        node.module_ceilings.max_host_bytes_per_key = ByteSize::mib(1);
         let stored = ModuleOptions {
+            cpu_budget: "500m".parse().unwrap(),
+            max_host_bytes_per_key: ByteSize::mib(8),
             cpu_limit: Duration::from_secs(30),
             mailbox_depth: 50,
             max_timers_per_key: 10,
@@ -133,7 +144,18 @@ mod tests {
         assert_eq!(options.memory_limit, node.max_memory_per_key);
         assert_eq!(options.max_reply_size, Some(node.max_message_size));
         let names: Vec<_> = lowered.iter().map(|l| l.option).collect();
-        assert_eq!(names, ["cpu_limit", "memory_limit", "max_reply_size"]);
+        assert_eq!(options.cpu_budget, node.module_ceilings.cpu_budget);
+        assert_eq!(options.max_host_bytes_per_key, ByteSize::mib(1));
+        assert_eq!(
+            names,
+            [
+                "cpu_limit",
+                "max_host_bytes_per_key",
+                "cpu_budget",
+                "memory_limit",
+                "max_reply_size"
+            ]
+        );
         assert_eq!(lowered[0].value, "30s");
         assert_eq!(lowered[0].ceiling, "1s");
         assert!(

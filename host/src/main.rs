@@ -220,10 +220,22 @@ struct NodeArgs {
     /// handoff states), e.g. `512MiB` (the default).
     #[arg(long, env = "FIEF_MAX_HOST_BYTES_PER_TENANT")]
     max_host_bytes_per_tenant: Option<ByteSize>,
+    /// Cores one tenant's keys may use together on this node over
+    /// `--cpu-budget-per-tenant-window` (`1500m`, `1.5`, `50%`); past it
+    /// they are throttled. Default: none (tenants get fair turns only).
+    #[arg(long, env = "FIEF_CPU_BUDGET_PER_TENANT")]
+    cpu_budget_per_tenant: Option<fief::CpuCores>,
+    /// The window of `--cpu-budget-per-tenant` (10ms to 1m; default 1s).
+    #[arg(long, env = "FIEF_CPU_BUDGET_PER_TENANT_WINDOW", value_parser = humantime::parse_duration)]
+    cpu_budget_per_tenant_window: Option<Duration>,
     /// Threads that run guest code, apart from the API's (default 0: one
     /// per core).
     #[arg(long, env = "FIEF_GUEST_THREADS")]
     guest_threads: Option<u32>,
+    /// Niceness of the guest threads, 0 to 19 (default 10): the API, peer
+    /// links and lease renewals go ahead of guest code under contention.
+    #[arg(long, env = "FIEF_GUEST_THREAD_NICE")]
+    guest_thread_nice: Option<u8>,
     /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
     /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
     /// asking for more is refused. Names: cpu_limit (default 10s),
@@ -434,13 +446,18 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         max_message_size,
         max_live_keys,
         max_host_bytes_per_tenant,
+        cpu_budget_per_tenant_window,
         guest_threads,
+        guest_thread_nice,
         http_header_read_timeout,
         http_idle_timeout,
         http_body_read_timeout,
         compile_timeout,
         compile_memory_limit
     );
+    if let Some(cores) = args.cpu_budget_per_tenant {
+        config.cpu_budget_per_tenant = Some(cores);
+    }
     if config.compile_worker.is_none() {
         // Compile in a process of this binary the node can kill and cap.
         config.compile_worker =

@@ -84,6 +84,8 @@ pub(crate) struct Metrics {
     guest_log_truncated: Family<Labels1, Counter>,
     key_cpu_seconds: Family<Labels1, SecondsCounter>,
     key_throttled_seconds: Family<Labels1, SecondsCounter>,
+    tenant_cpu_seconds: Family<Labels1, SecondsCounter>,
+    tenant_throttled_seconds: Family<Labels1, SecondsCounter>,
     /// API connections open now (kept by the connection loop, not read at
     /// scrape time: it is the loop's own figure).
     api_connections: Gauge,
@@ -146,6 +148,8 @@ impl Metrics {
         let guest_log_truncated = Family::<Labels1, Counter>::default();
         let key_cpu_seconds = Family::<Labels1, SecondsCounter>::default();
         let key_throttled_seconds = Family::<Labels1, SecondsCounter>::default();
+        let tenant_cpu_seconds = Family::<Labels1, SecondsCounter>::default();
+        let tenant_throttled_seconds = Family::<Labels1, SecondsCounter>::default();
         let api_connections = Gauge::default();
         let api_connections_closed = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
@@ -215,6 +219,16 @@ impl Metrics {
             "key_throttled_seconds",
             "Time keys waited because they were over their cpu_budget, by module",
             key_throttled_seconds.clone(),
+        );
+        r.register(
+            "tenant_cpu_seconds",
+            "Time a tenant's keys ran on this node (the sum of its modules' key_cpu_seconds), by tenant (\"\": modules of no tenant)",
+            tenant_cpu_seconds.clone(),
+        );
+        r.register(
+            "tenant_throttled_seconds",
+            "Time a tenant's keys waited because they were over their cpu_budget or the tenant's cpu_budget_per_tenant, by tenant",
+            tenant_throttled_seconds.clone(),
         );
         r.register(
             "api_connections",
@@ -324,6 +338,8 @@ impl Metrics {
             guest_log_truncated,
             key_cpu_seconds,
             key_throttled_seconds,
+            tenant_cpu_seconds,
+            tenant_throttled_seconds,
             api_connections,
             api_connections_closed,
             gauges,
@@ -400,6 +416,15 @@ impl Metrics {
         (
             self.key_cpu_seconds.get_or_create(&labels).clone(),
             self.key_throttled_seconds.get_or_create(&labels).clone(),
+        )
+    }
+
+    /// The two CPU counters of `tenant`'s keys: used and throttled.
+    pub(crate) fn tenant_cpu_counters(&self, tenant: &str) -> (SecondsCounter, SecondsCounter) {
+        let labels = [("tenant", tenant.to_owned())];
+        (
+            self.tenant_cpu_seconds.get_or_create(&labels).clone(),
+            self.tenant_throttled_seconds.get_or_create(&labels).clone(),
         )
     }
 

@@ -93,6 +93,8 @@ pub(crate) struct NodeShared {
     handoffs: Mutex<HandoffStates>,
     /// Host memory held for each tenant's keys ([`crate::host_bytes`]).
     pub(crate) host_bytes: TenantLedgers,
+    /// Each tenant's CPU here, and its budget ([`crate::cpu_budget`]).
+    pub(crate) tenant_cpu: crate::cpu_budget::TenantCpuMeters,
     /// States a leave in progress could not hand on, for its report.
     leave_losses: Mutex<Vec<LostState>>,
     /// Serializes graceful moves out of this node.
@@ -987,6 +989,8 @@ pub struct Status {
     /// Host memory held for each tenant's keys here (queued messages, timer
     /// tags, subscriptions, waiting handoff states), with its budget.
     pub host_bytes: Vec<crate::host_bytes::TenantHostBytes>,
+    /// Each tenant's CPU here since the node started, with its budget.
+    pub tenant_cpu: Vec<crate::cpu_budget::TenantCpuReport>,
     /// How many times this node has fenced.
     pub fences: u64,
     /// Whether the node is leaving the cluster.
@@ -1119,7 +1123,10 @@ impl InstanceBuilder {
         let runtime = Runtime::new(&config)?;
         // Guest code runs on threads of its own, never on this runtime's
         // workers (which serve the API and the peer links).
-        let guest_pool = GuestPool::start(crate::scheduler::guest_threads(config.guest_threads))?;
+        let guest_pool = GuestPool::start(
+            crate::scheduler::guest_threads(config.guest_threads),
+            config.guest_thread_nice,
+        )?;
         let limbo = Limbo::start(runtime.engine.clone());
         let cache_max_bytes =
             usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
@@ -1129,6 +1136,11 @@ impl InstanceBuilder {
             usize::try_from(config.cache_max_bytes_per_namespace.as_u64()).unwrap_or(usize::MAX);
         let host_bytes_per_tenant =
             usize::try_from(config.max_host_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
+        let tenant_cpu = crate::cpu_budget::TenantCpuMeters::new(
+            config
+                .cpu_budget_per_tenant
+                .map(|cores| (cores, config.cpu_budget_per_tenant_window)),
+        );
         let coordinator = Coordinator::new(timing);
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
@@ -1162,6 +1174,7 @@ impl InstanceBuilder {
             unsure: Mutex::new(BTreeMap::new()),
             handoffs: Mutex::new(HandoffStates::default()),
             host_bytes: TenantLedgers::new(host_bytes_per_tenant),
+            tenant_cpu,
             leave_losses: Mutex::new(Vec::new()),
             moving: tokio::sync::Mutex::new(()),
             leaving: std::sync::atomic::AtomicBool::new(false),
@@ -1396,6 +1409,7 @@ impl Instance {
             handoff_states: handoffs.0,
             handoff_bytes: handoffs.1,
             host_bytes: shared.host_bytes.report(),
+            tenant_cpu: shared.tenant_cpu.report(),
             fences: *lock(&shared.fences),
             leaving: shared.leaving.load(std::sync::atomic::Ordering::SeqCst),
             nodes: shared

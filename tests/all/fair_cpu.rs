@@ -7,6 +7,8 @@
 //!   about as much of the guest threads as a tenant with four.
 //! - A key whose timer re-arms at 0 ms is held to its `cpu_budget`, and is
 //!   throttled, not killed, while another key's calls keep answering.
+//! - A tenant's keys together are held to the node's `cpu_budget_per_tenant`,
+//!   and another tenant is not throttled for it.
 //!
 //! Bounds are generous (a loaded 2-core machine holds them); no speed is
 //! asserted.
@@ -168,8 +170,8 @@ async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
 /// Issue 16 finding 9: a key whose timer re-arms at 0 ms runs short
 /// callbacks forever, none near `cpu_limit`. With `cpu_budget = 20m` (a
 /// fiftieth of a core over a one-second window) it is throttled, not killed:
-/// over two seconds its CPU stays near 0.06 s, under half of what the same
-/// key without a budget uses beside it in the same run; the throttled time
+/// over two seconds its CPU stays near 0.06 s (the same key without a budget
+/// beside it in the same run is printed for comparison); the throttled time
 /// shows in `status` (and `fief_key_throttled_seconds_total`); and another
 /// key's calls keep answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,8 +223,11 @@ async fn a_key_whose_timer_rearms_at_zero_is_held_to_its_cpu_budget() {
         "over 2 s: under 20m CPU {used:.3} s (throttled {throttled:.3} s), without a budget \
          {free:.3} s; slowest victim call {slowest:?}"
     );
+    // The bound is what the budget allows (0.04 s earned, 0.02 s of burst)
+    // plus slack for one long poll; the key wanted more: it was throttled
+    // (without the budget it never is).
     assert!(
-        used < free / 2.0,
+        used < 0.15,
         "the key used {used:.3} s of CPU in 2 s under a 20m budget (about 0.06 s allowed), \
          the same key without a budget {free:.3} s"
     );
@@ -250,5 +255,78 @@ async fn a_key_whose_timer_rearms_at_zero_is_held_to_its_cpu_budget() {
     assert!(
         metrics.contains("fief_key_throttled_seconds_total{module=\"hostile\"}"),
         "no throttled-seconds series in the metrics"
+    );
+}
+
+/// Issue 16 finding 9, per tenant: four keys of tenant `acme` spin (each
+/// `loop` cast runs until a 60 s `cpu_limit`), none with a budget of its
+/// own, on a node whose `cpu_budget_per_tenant` is 50m (a twentieth of a
+/// core over one second). Over two seconds the tenant's keys together use
+/// about what the budget allows (0.1 s earned, 0.05 s of burst, plus a tick
+/// per key each time the credit runs out), against the guest threads' whole
+/// capacity without it; they wait, throttled, for most of those two seconds
+/// each (without the tenant budget they are never throttled); and tenant
+/// `globex` on the same node is never throttled for `acme`, and its calls
+/// answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_keys_together_are_held_to_the_cpu_budget_per_tenant() {
+    let config = NodeConfig {
+        cpu_budget_per_tenant: Some("50m".parse().expect("cores")),
+        ..test_config()
+    };
+    let node = Arc::new(
+        node_with_options(
+            config,
+            &[
+                (
+                    "acme/spin",
+                    guests::HOSTILE,
+                    spinner_options(Duration::from_secs(60)),
+                ),
+                ("globex/counter", guests::COUNTER, ModuleOptions::default()),
+            ],
+        )
+        .await,
+    );
+    let spinning = keep_spinning(&node, "acme/spin", &names("a", 4));
+    let tenant = |name: &str| {
+        node.status()
+            .tenant_cpu
+            .into_iter()
+            .find(|t| t.tenant == name)
+            .map_or((0.0, 0.0), |t| (t.cpu_seconds, t.throttled_seconds))
+    };
+    // Let the keys start and spend the burst, then measure over 2 s.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (used_0, throttled_0) = tenant("acme");
+    let begun = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while begun.elapsed() < Duration::from_secs(2) {
+        let call = Instant::now();
+        call_text(&node, "globex/counter", "victim", "incr").await;
+        slowest = slowest.max(call.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (used_1, throttled_1) = tenant("acme");
+    spinning.abort();
+    let (used, throttled) = (used_1 - used_0, throttled_1 - throttled_0);
+    let (_, globex_throttled) = tenant("globex");
+    eprintln!(
+        "over 2 s: acme's four spinning keys under a 50m tenant budget used {used:.3} s of CPU, \
+         throttled {throttled:.3} s; slowest globex call {slowest:?}"
+    );
+    assert!(
+        used < 0.4,
+        "acme's keys used {used:.3} s of CPU in 2 s under a 50m tenant budget (about 0.1 s \
+         allowed)"
+    );
+    assert!(
+        throttled > 4.0,
+        "acme's four keys were throttled only {throttled:.3} s in 2 s together"
+    );
+    assert_eq!(globex_throttled, 0.0, "globex was throttled for acme");
+    assert!(
+        slowest < VICTIM_BOUND,
+        "a globex call took {slowest:?} beside acme's throttled keys"
     );
 }
