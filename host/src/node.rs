@@ -788,7 +788,7 @@ impl NodeShared {
         lock(&self.lease).fence_now(now);
         // Running guest code stops now, not after the sweep below (which is
         // O(live keys)): past the fence point the epoch callback interrupts
-        // every `terminate` key, flagged or not (key.rs, `KeyProcess::start`).
+        // every `terminate` key, flagged or not (key/process.rs, `KeyProcess::start`).
         self.runtime.engine.increment_epoch();
         let renewals = lock(&self.lease).take_renewal_counts();
         self.metrics.fenced(cause, renewals);

@@ -1,0 +1,165 @@
+//! Inline calls: a routed call to an idle key, run on its caller's task
+//! while it holds the key's process, with no hop to the key's task and back.
+//!
+//! This file owns such a call from start to end: running `handle-call` under
+//! the key's kill switch (`run_inline`), its polling by the caller
+//! (`InlineCall`, charged to the key's CPU meter), and its hand-over to the
+//! key's task (`Orphan`) when its caller goes away or when it is demoted at
+//! its first epoch tick. A call handed over is always finished, never cut in
+//! half. It must not decide whether a call may run inline (the key table
+//! does, `ModuleSlot::try_inline` in `slot.rs`) nor take messages from the
+//! key's mailbox.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::oneshot;
+
+use super::KeyControl;
+use super::process::{Death, ProcessGuard};
+use crate::cpu_budget::{CpuMeter, poll_metered};
+use crate::error::{Error, Result};
+
+/// An inline call in flight, boxed so that it can move to the key's task if
+/// its caller goes away.
+pub(super) type InlineFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>>> + Send>>;
+
+/// A half-run inline call handed to the key's task, with where its reply
+/// goes (`None`: its caller went away).
+pub(super) struct Orphan {
+    call: InlineFuture,
+    reply: Option<oneshot::Sender<Result<Vec<u8>>>>,
+}
+
+impl Orphan {
+    /// Finish the call; its reply, unless it is to wait until the process's
+    /// end is settled (the call killed the process: its caller must not
+    /// retry before the key can start afresh).
+    pub(super) async fn finish(
+        self,
+        control: &KeyControl,
+    ) -> Option<(oneshot::Sender<Result<Vec<u8>>>, Result<Vec<u8>>)> {
+        let outcome = self.call.await;
+        let reply = self.reply?;
+        if control.death().is_some() || control.is_killed() {
+            return Some((reply, outcome));
+        }
+        let _ = reply.send(outcome);
+        None
+    }
+}
+
+/// An inline call, as its caller polls it. Dropped before it finished (the
+/// caller timed out or went away), it hands the call to the key's task,
+/// which finishes it: the key never sees a call cut in half.
+///
+/// It also hands the call to the key's task when the call is *demoted*:
+/// still running at its first epoch tick, it continues on the guest threads
+/// (`crate::scheduler`) while the caller waits for its reply, so a long
+/// callback never holds the caller's worker (an API or peer-link worker)
+/// for more than one slice.
+pub(super) struct InlineCall {
+    future: Option<InlineFuture>,
+    control: Arc<KeyControl>,
+    /// The key's CPU meter: the caller's polls are the key's time too.
+    cpu: Arc<CpuMeter>,
+    /// The reply of a demoted call, from the key's task.
+    demoted: Option<oneshot::Receiver<Result<Vec<u8>>>>,
+}
+
+impl InlineCall {
+    pub(super) fn new(future: InlineFuture, control: Arc<KeyControl>, cpu: Arc<CpuMeter>) -> Self {
+        InlineCall {
+            future: Some(future),
+            control,
+            cpu,
+            demoted: None,
+        }
+    }
+}
+
+impl Future for InlineCall {
+    type Output = Result<Vec<u8>>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if let Some(future) = this.future.as_mut() {
+            let poll = poll_metered(&this.cpu, future.as_mut(), cx);
+            if poll.is_ready() {
+                self.future = None;
+                return poll;
+            }
+            if !self.control.demote.swap(false, Ordering::SeqCst) {
+                return Poll::Pending;
+            }
+            // The epoch callback yielded at the first tick: let the key's
+            // task finish the call, and wait for its reply.
+            let call = self.future.take().expect("checked above");
+            let (reply, demoted) = oneshot::channel();
+            self.control.adopt(Orphan {
+                call,
+                reply: Some(reply),
+            });
+            self.demoted = Some(demoted);
+        }
+        let demoted = self.demoted.as_mut().expect("polled after it finished");
+        Pin::new(demoted).poll(cx).map(|reply| {
+            reply.unwrap_or_else(|_| Err(Error::KeyDied("the key process went away".to_owned())))
+        })
+    }
+}
+
+impl Drop for InlineCall {
+    fn drop(&mut self) {
+        if let Some(call) = self.future.take() {
+            self.control.adopt(Orphan { call, reply: None });
+        }
+    }
+}
+
+/// Run `handle-call` on the caller's task, holding the key's process.
+pub(super) async fn run_inline(
+    mut process: ProcessGuard,
+    control: Arc<KeyControl>,
+    message: Vec<u8>,
+) -> Result<Vec<u8>> {
+    let Some(running) = process.as_mut() else {
+        return Err(Error::KeyDied("the key process went away".to_owned()));
+    };
+    // Its first yield demotes it to the key's task (see `InlineCall`).
+    control.demote.store(false, Ordering::SeqCst);
+    running.store.data_mut().inline = true;
+    // The guest traps at its next epoch check once killed; a kill while it
+    // waits on the host (e.g. a host call) ends the call here.
+    let outcome = {
+        let call = running.handle_call(&message);
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            outcome = &mut call => Some(outcome),
+            () = control.killed() => None,
+        }
+    };
+    if let Some(running) = process.as_mut() {
+        running.store.data_mut().inline = false;
+    }
+    match outcome {
+        Some(Ok(result)) => result.map_err(Error::Rejected),
+        Some(Err(Death(why))) => {
+            *process = None;
+            control.died(why.clone());
+            Err(Error::KeyDied(why))
+        }
+        None => {
+            *process = None;
+            let why = format!("killed: {}", control.reason().unwrap_or_default());
+            control.died(why.clone());
+            Err(Error::KeyDied(why))
+        }
+    }
+}

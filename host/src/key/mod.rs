@@ -1,0 +1,330 @@
+//! Key processes: one component instance per live key, in its own store,
+//! driven by one task that takes messages from a bounded mailbox one at a time.
+//!
+//! This module owns a key's life: activation on the first message
+//! ([`ModuleSlot::deliver`]), the message loop (calls, casts, timer and pub/sub
+//! infos, graceful stops, in arrival order), the idle timeout, and death. A key
+//! dies when its guest traps, when it overruns its CPU budget, when it grows
+//! past its memory limit, or when the host kills it. The kill path (contract
+//! §2): set the key's kill flag, bump the engine's epoch so running guest code
+//! traps at its next check, and drop the store — a poisoned instance is never
+//! entered again. A dead key's timers are cancelled and its subscriptions
+//! removed when its store is dropped, so nothing it armed fires afterwards.
+//!
+//! Single ownership on one node: a key has at most one entry in its module's
+//! table, and the entry is removed only by the key's own task after its store
+//! has been dropped, so a fresh process for the key can only start once the
+//! old one is gone.
+//!
+//! The parts, one concept each:
+//! - this file: the small types every part shares — a key's kill switch
+//!   ([`KeyControl`]), the messages it takes ([`Envelope`], [`Via`]), the
+//!   life events it reports ([`KeyLife`]) and the crate's [`lock`] helper. It
+//!   must not run guest code or hold a key's process;
+//! - `process.rs`: the process itself — its store (`KeyCtx`), the side-effect
+//!   gate, the epoch callback, the guest's callbacks, why it died;
+//! - `slot.rs`: a module's table of live keys (`ModuleSlot`): delivery and
+//!   activation, the fence sweep, kills, retirement;
+//! - `inline.rs`: a routed call run on its caller's task while the key is
+//!   idle, and its hand-over to the key's task;
+//! - `task.rs`: the task that owns one key process and runs its message loop.
+
+mod inline;
+mod process;
+mod slot;
+mod task;
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::futures::Notified;
+use tokio::sync::{Notify, oneshot};
+
+use crate::bindings::types::{Info, StopReason};
+use crate::error::{Error, Result};
+
+use inline::Orphan;
+pub(crate) use process::{KeyCtx, KeyEnv, arm_timer};
+pub use slot::LiveKey;
+pub(crate) use slot::ModuleSlot;
+
+/// Lock a std mutex, ignoring poisoning: every critical section here leaves
+/// the data consistent before it can panic.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The kill switch of one key process.
+///
+/// The key's task learns of a kill or a fence order through `changed`, which
+/// is notified with `notify_waiters`: the task keeps one registered waiter
+/// for its whole life and reads the flags (atomics) when it fires, so a
+/// message costs no waiter registration and no lock here.
+pub(crate) struct KeyControl {
+    killed: AtomicBool,
+    reason: Mutex<Option<String>>,
+    /// Notified when `killed` or `fence_order` is set.
+    changed: Notify,
+    /// Set at the fence for `continue`/`callback` keys: the process lives on
+    /// in limbo and takes no routed message again.
+    survivor: AtomicBool,
+    /// A pending `handle-fence` order (callback mode): its deadline.
+    fence_order: Mutex<Option<Duration>>,
+    /// Whether `fence_order` holds an order (read without the lock).
+    fence_ordered: AtomicBool,
+    /// Set once `handle-fence` returned.
+    fence_answered: AtomicBool,
+    /// Set by the key's task once its store has been dropped.
+    exited: tokio::sync::watch::Sender<bool>,
+    /// Set by the key's task from just before it takes a message out of its
+    /// mailbox until it has processed it: while set, a caller does not run a
+    /// call inline (it would overtake that message).
+    receiving: AtomicBool,
+    /// An inline call whose caller went away before it finished: the key's
+    /// task finishes it (a half-run call must not be dropped, that would
+    /// poison the instance).
+    orphan: Mutex<Option<Orphan>>,
+    has_orphan: AtomicBool,
+    /// Why the process died during an inline call (its store is dropped).
+    death: Mutex<Option<String>>,
+    /// Inline calls so far (the idle timeout counts them as messages).
+    inline_calls: AtomicU64,
+    /// Set by the epoch callback when an inline call used its first slice:
+    /// its caller hands it to the key's task (see [`InlineCall`](inline::InlineCall)).
+    demote: AtomicBool,
+}
+
+impl Default for KeyControl {
+    fn default() -> Self {
+        KeyControl {
+            killed: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            changed: Notify::new(),
+            survivor: AtomicBool::new(false),
+            fence_order: Mutex::new(None),
+            fence_ordered: AtomicBool::new(false),
+            fence_answered: AtomicBool::new(false),
+            exited: tokio::sync::watch::channel(false).0,
+            receiving: AtomicBool::new(false),
+            orphan: Mutex::new(None),
+            has_orphan: AtomicBool::new(false),
+            death: Mutex::new(None),
+            inline_calls: AtomicU64::new(0),
+            demote: AtomicBool::new(false),
+        }
+    }
+}
+
+impl KeyControl {
+    /// Make the key a survivor; for a callback key, also order it to run
+    /// `handle-fence` with `deadline`.
+    pub(crate) fn fence(&self, callback_deadline: Option<Duration>) {
+        self.survivor.store(true, Ordering::SeqCst);
+        if let Some(deadline) = callback_deadline {
+            *lock(&self.fence_order) = Some(deadline);
+            self.fence_ordered.store(true, Ordering::SeqCst);
+            self.changed.notify_waiters();
+        }
+    }
+
+    pub(crate) fn is_survivor(&self) -> bool {
+        self.survivor.load(Ordering::SeqCst)
+    }
+
+    /// Take the deadline of a pending `handle-fence` order, if any.
+    fn take_fence_order(&self) -> Option<Duration> {
+        if !self.fence_ordered.load(Ordering::SeqCst) {
+            return None;
+        }
+        let order = lock(&self.fence_order).take();
+        self.fence_ordered.store(false, Ordering::SeqCst);
+        order
+    }
+
+    /// Resolves once the key's store has been dropped.
+    pub(crate) async fn exited(&self) {
+        let mut rx = self.exited.subscribe();
+        let _ = rx.wait_for(|exited| *exited).await;
+    }
+    /// Set the kill flag. The caller bumps the engine epoch afterwards so a
+    /// running guest notices at once. Returns false if it was already killed.
+    pub(crate) fn kill(&self, reason: &str) -> bool {
+        let mut slot = lock(&self.reason);
+        if self.killed.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        *slot = Some(reason.to_owned());
+        drop(slot);
+        self.changed.notify_waiters();
+        true
+    }
+
+    pub(crate) fn is_killed(&self) -> bool {
+        self.killed.load(Ordering::SeqCst)
+    }
+
+    fn reason(&self) -> Option<String> {
+        lock(&self.reason).clone()
+    }
+
+    /// Resolves once the key is killed.
+    async fn killed(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_killed() {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Resolves once the key is killed, re-arming `changed` (the task's
+    /// registered waiter) each time it fires.
+    async fn killed_with<'a>(&'a self, changed: &mut Pin<&mut Notified<'a>>) {
+        while !self.is_killed() {
+            changed.as_mut().await;
+            rearm(self, changed);
+        }
+    }
+
+    /// Hand a half-run inline call to the key's task.
+    fn adopt(&self, orphan: Orphan) {
+        *lock(&self.orphan) = Some(orphan);
+        self.has_orphan.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    fn take_orphan(&self) -> Option<Orphan> {
+        if !self.has_orphan.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.has_orphan.store(false, Ordering::SeqCst);
+        lock(&self.orphan).take()
+    }
+
+    /// The process died during an inline call (its store is dropped).
+    fn died(&self, why: String) {
+        lock(&self.death).get_or_insert(why);
+        self.changed.notify_waiters();
+    }
+
+    fn death(&self) -> Option<String> {
+        lock(&self.death).clone()
+    }
+
+    /// Count an inline call (for the idle timeout).
+    fn touch(&self) {
+        self.inline_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn inline_calls(&self) -> u64 {
+        self.inline_calls.load(Ordering::Relaxed)
+    }
+}
+
+/// Register a fresh waiter for `control`'s changes in `changed` (after the
+/// previous one fired). Check the flags after this, not before.
+fn rearm<'a>(control: &'a KeyControl, changed: &mut Pin<&mut Notified<'a>>) {
+    changed.set(control.changed.notified());
+    changed.as_mut().enable();
+}
+
+/// A message for a key process.
+pub(crate) enum Envelope {
+    /// A request; the reply goes back on `reply`.
+    Call {
+        message: Vec<u8>,
+        reply: oneshot::Sender<Result<Vec<u8>>>,
+        via: Via,
+    },
+    /// A one-way message.
+    Cast { message: Vec<u8> },
+    /// A timer fired or a publication arrived.
+    Info(Info),
+    /// Stop gracefully: `handoff` first if asked, then `terminate(reason)`.
+    Stop {
+        reason: StopReason,
+        reply: oneshot::Sender<Result<Option<Vec<u8>>>>,
+    },
+}
+
+impl Envelope {
+    /// Whether the message came through routing (not a timer, a
+    /// publication, a stop or a local handle).
+    fn is_routed(&self) -> bool {
+        matches!(
+            self,
+            Envelope::Call {
+                via: Via::Routed,
+                ..
+            } | Envelope::Cast { .. }
+        )
+    }
+
+    /// The bytes of payload it makes the host hold while it waits in a
+    /// mailbox (charged to the key's host-memory ledger).
+    pub(crate) fn payload_bytes(&self) -> usize {
+        crate::host_bytes::MESSAGE_OVERHEAD
+            + match self {
+                Envelope::Call { message, .. } | Envelope::Cast { message } => message.len(),
+                Envelope::Info(Info::Timer(fired)) => fired.tag.len(),
+                Envelope::Info(Info::Published(p)) => p.topic.len() + p.payload.len(),
+                Envelope::Stop { .. } => 0,
+            }
+    }
+
+    /// Answer the envelope's sender (if it has one) with `error`.
+    fn fail(self, error: Error) {
+        match self {
+            Envelope::Call { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Envelope::Stop { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Envelope::Cast { .. } | Envelope::Info(_) => {}
+        }
+    }
+}
+
+/// How a call reached a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// Routed to the key's owner: refused once the key is a survivor.
+    Routed,
+    /// Through a local handle on this node: reaches survivors too.
+    LocalHandle,
+}
+
+/// A point in a key process's life, reported to the instance's observer.
+///
+/// `Started` is reported before the store is created and `Ended` after it
+/// was dropped, so the interval between them covers every instant at which
+/// the process could run guest code or act. Failure tests collect these from
+/// every node and check that no two intervals of one key overlap.
+#[derive(Clone, Debug)]
+pub struct KeyLife {
+    /// The node hosting the process.
+    pub node: String,
+    /// The module.
+    pub module: String,
+    /// The key.
+    pub key: String,
+    /// Which end of the life this is.
+    pub event: KeyLifeEvent,
+    /// When, on this process's monotonic clock.
+    pub at: std::time::Instant,
+}
+
+/// Which end of a key process's life a [`KeyLife`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyLifeEvent {
+    /// The process is about to be created.
+    Started,
+    /// The process's store has been dropped.
+    Ended,
+}

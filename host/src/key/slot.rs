@@ -1,0 +1,462 @@
+//! A module's table of live keys (`ModuleSlot`): one entry per live key.
+//!
+//! This file owns the table: delivery of a message to a key, activating it
+//! first when it has no live process (under the table's lock, after the
+//! node admitted the activation), the choice of running a routed call inline
+//! (`try_inline`), the fence sweep (`fence_keys`: kill, or hand to limbo),
+//! kills by partition, graceful stops, and an idle key's retirement. **An
+//! entry is removed only by its key's own task after its store was
+//! dropped** (`remove_if_current`, `retired`). It must not run guest code
+//! itself: the key's task (`task.rs`) or an inline call (`inline.rs`) does.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use fief_core::{OnFence, OwnershipToken, PartitionId};
+use tokio::sync::oneshot;
+
+use super::inline::{InlineCall, InlineFuture, run_inline};
+use super::process::{ProcessCell, ProcessGuard};
+use super::task::run_key;
+use super::{Envelope, KeyControl, KeyEnv, Via, lock};
+use crate::bindings::types::StopReason;
+use crate::cpu_budget::CpuMeter;
+use crate::error::{Error, Result};
+use crate::host_bytes::Ledger;
+use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
+use crate::mailbox::{self, Mailbox, MailboxRx, Refused};
+use crate::module::CompiledModule;
+use crate::node::NodeShared;
+
+/// A live key's entry in its module's table.
+pub(crate) struct KeyHandle {
+    tx: Mailbox,
+    process: Arc<ProcessCell>,
+    control: Arc<KeyControl>,
+    generation: u64,
+    started_at: SystemTime,
+    partition: PartitionId,
+    on_fence: OnFence,
+    handle_fence_deadline: Duration,
+}
+
+/// A deployed module name: its current version and its live keys.
+///
+/// Keys are tracked per name, not per version, so a redeploy never lets two
+/// versions run one key at once: live keys finish on their version, new
+/// activations use the new one.
+pub(crate) struct ModuleSlot {
+    pub(crate) name: Arc<str>,
+    current: RwLock<Arc<CompiledModule>>,
+    keys: Mutex<HashMap<Box<str>, KeyHandle>>,
+    next_generation: AtomicU64,
+}
+
+/// One live key, as reported by [`crate::Instance::keys`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LiveKey {
+    /// The module.
+    pub module: String,
+    /// The key.
+    pub key: String,
+    /// Its partition.
+    pub partition: u32,
+    /// When its process started.
+    #[serde(with = "humantime_serde")]
+    pub since: SystemTime,
+    /// Host memory the node holds for it outside its linear memory (queued
+    /// messages, timer tags, subscriptions), in bytes.
+    pub host_bytes: usize,
+}
+
+impl ModuleSlot {
+    pub(crate) fn new(name: &str, module: CompiledModule) -> Self {
+        ModuleSlot {
+            name: Arc::from(name),
+            current: RwLock::new(Arc::new(module)),
+            keys: Mutex::new(HashMap::new()),
+            next_generation: AtomicU64::new(1),
+        }
+    }
+
+    /// The version new activations use.
+    pub(crate) fn current(&self) -> Arc<CompiledModule> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Make `module` the version new activations use.
+    pub(crate) fn replace(&self, module: CompiledModule) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(module);
+    }
+
+    pub(crate) fn live_keys(&self) -> usize {
+        lock(&self.keys).len()
+    }
+
+    /// Messages waiting in the mailboxes of this module's live keys.
+    pub(crate) fn queued(&self) -> usize {
+        lock(&self.keys)
+            .values()
+            .map(|h| h.tx.max_capacity() - h.tx.capacity())
+            .sum()
+    }
+
+    pub(crate) fn list(&self) -> Vec<LiveKey> {
+        lock(&self.keys)
+            .iter()
+            .map(|(key, h)| LiveKey {
+                module: self.name.to_string(),
+                key: key.to_string(),
+                partition: h.partition.0,
+                since: h.started_at,
+                host_bytes: h.tx.ledger().used(),
+            })
+            .collect()
+    }
+
+    /// Put `envelope` in the key's mailbox, activating the key first if it
+    /// has no live process.
+    pub(crate) fn deliver(
+        self: &Arc<Self>,
+        node: &Arc<NodeShared>,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+        envelope: Envelope,
+    ) -> Result<()> {
+        self.deliver_in(&mut lock(&self.keys), node, key, partition, token, envelope)
+    }
+
+    /// [`deliver`](Self::deliver) under the key-table lock, held as `keys`.
+    fn deliver_in(
+        self: &Arc<Self>,
+        keys: &mut HashMap<Box<str>, KeyHandle>,
+        node: &Arc<NodeShared>,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+        envelope: Envelope,
+    ) -> Result<()> {
+        let envelope = match keys.get(key) {
+            Some(handle) => match handle.tx.try_send(envelope) {
+                Ok(()) => return Ok(()),
+                // The process is gone but its entry not yet removed: its
+                // task removes it under this lock right after the store is
+                // dropped, so it is safe to replace here.
+                Err(Refused::Closed(envelope)) => envelope,
+                Err(refused) => return Err(refused.into_error(&self.name, key, &handle.tx)),
+            },
+            None => envelope,
+        };
+        let module = self.current();
+        let options = &module.options;
+        if keys.len() >= options.max_live_keys as usize {
+            return Err(Error::TooManyKeys {
+                module: self.name.to_string(),
+                limit: options.max_live_keys,
+            });
+        }
+        // Routed before a move began draining the partition, this message
+        // must not start a process the drain has already missed: the check
+        // and the insert below happen under this module's key-table lock,
+        // which the drain's listing takes after it marked the partition (found by the
+        // leave test: a call routed just before the drain started a fresh
+        // process after the handoff, and the key counted from 0 again).
+        let handoff = node.admit_activation(&self.name, key, partition, token)?;
+        let tenant = crate::auth::tenant_of(&self.name).unwrap_or("");
+        let ledger = Ledger::key(
+            &node.host_bytes.of(tenant),
+            usize::try_from(options.max_host_bytes_per_key.as_u64()).unwrap_or(usize::MAX),
+        );
+        let (tx, rx) = mailbox::channel(options.mailbox_depth as usize, ledger);
+        let control = Arc::new(KeyControl::default());
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let env = Arc::new(KeyEnv {
+            module: self.name.clone(),
+            key: Arc::from(key),
+            token,
+            control: control.clone(),
+            mailbox: tx.downgrade(),
+            node: Arc::downgrade(node),
+            generation,
+            on_fence: options.on_fence,
+            max_timers: options.max_timers_per_key,
+            max_subscriptions: options.max_subscriptions_per_key,
+            max_handoff: node.max_handoff_size(options),
+        });
+        // A new mailbox has room for one message, but its bytes may pass the
+        // tenant's budget: then no process is started for it.
+        if let Err(refused) = tx.try_send(envelope) {
+            return Err(refused.into_error(&self.name, key, &tx));
+        }
+        let process = Arc::new(ProcessCell::new(None));
+        // The task holds the process from the start; callers go through the
+        // mailbox until it has started.
+        let held = process
+            .clone()
+            .try_lock_owned()
+            .unwrap_or_else(|_| unreachable!("a new cell is unlocked"));
+        keys.insert(
+            Box::from(key),
+            KeyHandle {
+                tx,
+                process,
+                control,
+                generation,
+                started_at: SystemTime::now(),
+                partition,
+                on_fence: options.on_fence,
+                handle_fence_deadline: options.handle_fence_deadline,
+            },
+        );
+        node.tasks.spawn_on(
+            run_key(node.clone(), self.clone(), module, env, rx, handoff, held),
+            &node.guest,
+        );
+        Ok(())
+    }
+
+    /// Call `key` and wait for its reply, activating it first if it has no
+    /// live process.
+    ///
+    /// When the key is idle (nothing in its mailbox, nothing being
+    /// processed) and the call is routed, the call runs right here on the
+    /// caller's task, holding the key's process: no hop to the key's task
+    /// and back. Otherwise it goes through the mailbox like every other
+    /// message. Either way the key runs one callback at a time, in arrival
+    /// order.
+    pub(crate) async fn call(
+        self: &Arc<Self>,
+        node: &Arc<NodeShared>,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+        message: Vec<u8>,
+        via: Via,
+    ) -> Result<Vec<u8>> {
+        if via == Via::Routed
+            && !node.reports_events()
+            && let Some((process, control, cpu)) = self.try_inline(key)
+        {
+            // Served only while the node may act; otherwise the key's task
+            // decides (a terminate key dies, a survivor refuses).
+            if !control.is_killed() && !control.is_survivor() && node.may_act() {
+                control.touch();
+                let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
+                return InlineCall::new(future, control, cpu).await;
+            }
+        }
+        let (reply, rx) = oneshot::channel();
+        self.deliver(
+            node,
+            key,
+            partition,
+            token,
+            Envelope::Call {
+                message,
+                reply,
+                via,
+            },
+        )?;
+        rx.await
+            .map_err(|_| Error::KeyDied("the key process went away".to_owned()))?
+    }
+
+    /// The key's process, if the key is live and idle: its mailbox is empty,
+    /// its task is not processing a message, and no one else holds it.
+    fn try_inline(&self, key: &str) -> Option<(ProcessGuard, Arc<KeyControl>, Arc<CpuMeter>)> {
+        let keys = lock(&self.keys);
+        let handle = keys.get(key)?;
+        // Mailbox first, then `receiving`: a message the task took out
+        // before the mailbox was read is still flagged (see `receive`).
+        if handle.tx.capacity() != handle.tx.max_capacity() {
+            return None;
+        }
+        let mut process = handle.process.clone().try_lock_owned().ok()?;
+        if handle.control.receiving.load(Ordering::SeqCst) {
+            return None;
+        }
+        // A key over its CPU budget waits on its own task, not a caller's.
+        let running = process.as_mut()?;
+        if running.throttle().is_some() {
+            return None;
+        }
+        let cpu = running.cpu.clone();
+        Some((process, handle.control.clone(), cpu))
+    }
+
+    /// Kill every live key whose partition `select` accepts. Returns how many.
+    pub(crate) fn kill_where(&self, reason: &str, select: impl Fn(PartitionId) -> bool) -> usize {
+        let keys = lock(&self.keys);
+        keys.values()
+            .filter(|h| select(h.partition))
+            .filter(|h| h.control.kill(reason))
+            .count()
+    }
+
+    /// The fence, for this module's live keys: `terminate` keys are killed;
+    /// `continue` and `callback` keys leave the kill tree for `limbo` (a
+    /// callback key is also ordered to run `handle-fence`, and is killed if
+    /// it has not answered by its deadline). Returns how many were killed.
+    pub(crate) fn fence_keys(&self, limbo: &Limbo) -> usize {
+        let mut keys = lock(&self.keys);
+        // The `terminate` keys (most, usually) are killed after the lock is
+        // released: waking thousands of key tasks under it would stall every
+        // worker that runs one of them into `remove_if_current`. No guest
+        // code of theirs runs meanwhile: past the fence point the epoch
+        // callback and the key loop refuse to run it (see `KeyProcess::start`).
+        let mut doomed: Vec<Arc<KeyControl>> = Vec::with_capacity(keys.len());
+        let mut survivors: Vec<Box<str>> = Vec::new();
+        for (name, handle) in keys.iter() {
+            if handle.on_fence == OnFence::Terminate {
+                doomed.push(handle.control.clone());
+            } else {
+                survivors.push(name.clone());
+            }
+        }
+        for name in survivors {
+            let mode = keys[&name].on_fence;
+            let handle = keys.remove(&name).expect("listed above");
+            let deadline = handle.handle_fence_deadline;
+            let callback = (mode == OnFence::Callback).then_some(deadline);
+            handle.control.fence(callback);
+            if callback.is_some() {
+                let control = handle.control.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(deadline).await;
+                    if !control.fence_answered.load(Ordering::SeqCst)
+                        && control.kill("handle-fence did not answer by its deadline")
+                    {
+                        tracing::warn!("a key was killed: handle-fence overran its deadline");
+                    }
+                });
+            }
+            limbo.insert(Survivor {
+                entry: LimboEntry {
+                    module: self.name.to_string(),
+                    key: name.to_string(),
+                    partition: handle.partition.0,
+                    since: SystemTime::now(),
+                    mode: mode_name(mode),
+                },
+                generation: handle.generation,
+                control: handle.control,
+                mailbox: handle.tx,
+            });
+        }
+        drop(keys);
+        doomed
+            .iter()
+            .filter(|control| control.kill("the node fenced"))
+            .count()
+    }
+
+    /// A live key's mailbox (its local handle on this node).
+    pub(crate) fn mailbox(&self, key: &str) -> Option<Mailbox> {
+        lock(&self.keys).get(key).map(|h| h.tx.clone())
+    }
+
+    /// Kill one key. Returns whether it was live.
+    pub(crate) fn kill(&self, key: &str, reason: &str) -> bool {
+        lock(&self.keys)
+            .get(key)
+            .is_some_and(|h| h.control.kill(reason))
+    }
+
+    /// Ask a live key to stop gracefully. `None` when the key is not live.
+    pub(crate) fn stop(
+        &self,
+        key: &str,
+        reason: StopReason,
+    ) -> Option<oneshot::Receiver<Result<Option<Vec<u8>>>>> {
+        let keys = lock(&self.keys);
+        let handle = keys.get(key)?;
+        let (reply, rx) = oneshot::channel();
+        // A stop must not be refused for a full mailbox: wait for room off
+        // the lock.
+        let tx = handle.tx.clone();
+        drop(keys);
+        tokio::spawn(async move {
+            // The key stopped on its own first (its process is gone, and
+            // with it any state): there is nothing to hand on.
+            if let Err(Envelope::Stop { reply, .. }) =
+                tx.send_uncharged(Envelope::Stop { reason, reply }).await
+            {
+                let _ = reply.send(Ok(None));
+            }
+        });
+        Some(rx)
+    }
+
+    /// The names of every live key, for a graceful shutdown.
+    pub(crate) fn live_key_names(&self) -> Vec<String> {
+        lock(&self.keys).keys().map(|k| k.to_string()).collect()
+    }
+
+    pub(super) fn remove_if_current(&self, key: &str, generation: u64) {
+        let mut keys = lock(&self.keys);
+        if keys.get(key).is_some_and(|h| h.generation == generation) {
+            keys.remove(key);
+        }
+    }
+
+    /// Whether an idle key may retire: its mailbox is empty and it is still
+    /// the key's current process. Its entry stays until its store is
+    /// dropped ([`retired`](Self::retired)): a message arriving meanwhile
+    /// waits in its mailbox instead of starting a second process of the key
+    /// beside the one running `terminate(idle)` (issue "One ownership state
+    /// machine", guarantee 1).
+    pub(super) fn may_retire(&self, key: &str, generation: u64, rx: &MailboxRx) -> bool {
+        let keys = lock(&self.keys);
+        rx.is_empty() && keys.get(key).is_some_and(|h| h.generation == generation)
+    }
+
+    /// A retired key's store was dropped: remove its entry and give the
+    /// calls and casts that arrived during its `terminate(idle)`, in their
+    /// order, to a fresh process of the key (under the lock, so none
+    /// overtakes them). One that cannot be delivered (the partition moved
+    /// meanwhile) is dropped, so its caller hears that the process went
+    /// away; a stop order is answered with no state (the key stopped on its
+    /// own), and a publication for the old process's subscription is
+    /// dropped with it.
+    pub(super) fn retired(
+        self: &Arc<Self>,
+        node: &Arc<NodeShared>,
+        env: &KeyEnv,
+        rx: &mut MailboxRx,
+    ) {
+        let mut keys = lock(&self.keys);
+        let Some(handle) = keys
+            .get(&*env.key)
+            .filter(|h| h.generation == env.generation)
+        else {
+            return;
+        };
+        let partition = handle.partition;
+        keys.remove(&*env.key);
+        rx.close();
+        while let Ok(envelope) = rx.try_recv() {
+            match envelope {
+                Envelope::Stop { reply, .. } => {
+                    let _ = reply.send(Ok(None));
+                }
+                Envelope::Info(_) => {}
+                routed @ (Envelope::Call { .. } | Envelope::Cast { .. }) => {
+                    if let Err(error) =
+                        self.deliver_in(&mut keys, node, &env.key, partition, env.token, routed)
+                    {
+                        tracing::debug!(module = %self.name, key = %env.key, %error, "a message that arrived while the key retired was not delivered");
+                    }
+                }
+            }
+        }
+    }
+}

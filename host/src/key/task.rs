@@ -1,0 +1,514 @@
+//! The key task: the one task that owns a key process and runs its message
+//! loop.
+//!
+//! This file owns the loop (`run_key`, `drive_key`): starting the process,
+//! taking messages from the mailbox one at a time in arrival order, finishing
+//! inline calls handed to it, the `handle-fence` order of a callback key, the
+//! idle timeout, throttling over the key's `cpu_budget`, the refusal of
+//! routed messages past the fence, and the end: the store dropped, then the
+//! key's entry removed, then its waiting senders answered. Everything it does
+//! is charged to the key's CPU meter. It must not touch the store's data
+//! beyond the process's own methods (`process.rs`), nor remove another
+//! process's entry from the key table.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use fief_core::OnFence;
+use tokio::sync::futures::Notified;
+use tokio::sync::oneshot;
+
+use super::process::{Death, KeyProcess, ProcessCell, ProcessGuard};
+use super::{Envelope, KeyControl, KeyEnv, KeyLifeEvent, ModuleSlot, rearm};
+use crate::bindings::types::{FenceDecision, StopReason};
+use crate::cpu_budget::{CpuMeter, poll_metered};
+use crate::error::{Error, Result};
+use crate::mailbox::MailboxRx;
+use crate::module::CompiledModule;
+use crate::node::NodeShared;
+use crate::scheduler::Seat;
+
+/// How a key's message loop ended.
+enum Exit {
+    /// Killed by the host (fence, operator, shutdown).
+    Killed,
+    /// Died on its own (trap, CPU or memory limit).
+    Died(String),
+    /// Stopped gracefully on request.
+    Stopped,
+    /// Stopped for being idle: messages that came during its `terminate`
+    /// go to its next process.
+    Retired,
+}
+
+/// The task that owns one key process.
+///
+/// The task holds the process (`held`) while it starts it and while it
+/// processes a message, and lets go of it while it waits for the next one,
+/// so that a routed call to an idle key can run on its caller's task (see
+/// [`ModuleSlot::call`]).
+///
+/// Everything the task does is charged to the key's CPU meter (its guest
+/// code, and the host's work on its messages): that is what its
+/// `cpu_budget` bounds.
+pub(super) async fn run_key(
+    node: Arc<NodeShared>,
+    slot: Arc<ModuleSlot>,
+    module: Arc<CompiledModule>,
+    env: Arc<KeyEnv>,
+    rx: MailboxRx,
+    handoff: Option<Vec<u8>>,
+    held: ProcessGuard,
+) {
+    let tenant = crate::auth::tenant_of(&env.module).unwrap_or("");
+    let cpu = Arc::new(CpuMeter::new(
+        node.metrics.key_cpu_counters(&env.module),
+        node.tenant_cpu
+            .of(tenant, || node.metrics.tenant_cpu_counters(tenant)),
+    ));
+    let (scheduler, seat) = (node.runtime.scheduler.clone(), Arc::new(Seat::default()));
+    let mut task = Box::pin(drive_key(
+        node,
+        slot,
+        module,
+        env,
+        rx,
+        handoff,
+        held,
+        (cpu.clone(), seat.clone()),
+    ));
+    std::future::poll_fn(|cx| {
+        let poll = poll_metered(&cpu, task.as_mut(), cx);
+        if poll.is_pending() {
+            // A callback waiting on the host holds no turn.
+            scheduler.release_if_blocked(&seat);
+        }
+        poll
+    })
+    .await;
+}
+
+/// The body of [`run_key`].
+#[allow(clippy::too_many_arguments)]
+async fn drive_key(
+    node: Arc<NodeShared>,
+    slot: Arc<ModuleSlot>,
+    module: Arc<CompiledModule>,
+    env: Arc<KeyEnv>,
+    mut rx: MailboxRx,
+    handoff: Option<Vec<u8>>,
+    held: ProcessGuard,
+    cpu: (Arc<CpuMeter>, Arc<Seat>),
+) {
+    let control = env.control.clone();
+    let key = env.key.clone();
+    let cell = ProcessGuard::mutex(&held).clone();
+    let mut held = Some(held);
+    node.observe(&env.module, &key, KeyLifeEvent::Started);
+    let started = tokio::select! {
+        biased;
+        () = control.killed() => Err(Error::KeyDied(format!(
+            "killed: {}", control.reason().unwrap_or_default()
+        ))),
+        // Boxed, like the other guest calls below: the task's own future
+        // stays small (it lives as long as the key).
+        r = Box::pin(KeyProcess::start(&node, &module, env.clone(), handoff, cpu)) => r,
+    };
+    match started {
+        Ok(process) => {
+            if let Some(guard) = held.as_mut() {
+                **guard = Some(process);
+            }
+        }
+        Err(error) => {
+            tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
+            drop(held);
+            node.observe(&env.module, &key, KeyLifeEvent::Ended);
+            slot.remove_if_current(&key, env.generation);
+            control.exited.send_replace(true);
+            rx.close();
+            while let Ok(envelope) = rx.try_recv() {
+                envelope.fail(error.clone());
+            }
+            return;
+        }
+    }
+    tracing::debug!(module = %slot.name, key = %key, "key started");
+    let idle_timeout = module.options.idle_timeout;
+    // One registered waiter for kills, fence orders, orphans and inline
+    // deaths, and one idle timer, for the task's whole life: a message arms
+    // neither.
+    let changed = control.changed.notified();
+    tokio::pin!(changed);
+    changed.as_mut().enable();
+    // The idle timer fires every `idle_timeout`; the key retires when a
+    // whole period passed with no message (mailbox or inline), so an idle
+    // key stops between one and two `idle_timeout`s after its last message,
+    // and a message costs a counter increment, not a clock read.
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
+    let mut messages: u64 = 0;
+    let mut seen_at_last_tick = 0;
+    // The answer to a call that ended the process, given once the key's
+    // entry is gone, so that a caller retrying at once starts a fresh
+    // process instead of finding the dying one.
+    let mut last_word: Option<LastWord> = None;
+    let exit = loop {
+        control.receiving.store(false, Ordering::SeqCst);
+        if control.is_killed() {
+            break Exit::Killed;
+        }
+        if let Some(why) = control.death() {
+            break Exit::Died(why);
+        }
+        if let Some(orphan) = control.take_orphan() {
+            // An inline call whose caller went away (its reply has no one
+            // to go to) or that was demoted (its caller waits): finish it
+            // (it holds the process).
+            if let Some((reply, outcome)) = orphan.finish(&control).await {
+                last_word = Some(Box::new(move || {
+                    let _ = reply.send(outcome);
+                }));
+            }
+            continue;
+        }
+        if control.fence_ordered.load(Ordering::SeqCst) {
+            hold(&mut held, &cell, &control, &mut changed).await;
+            let (Some(deadline), Some(process)) = (
+                control.take_fence_order(),
+                held.as_mut().and_then(|guard| guard.as_mut()),
+            ) else {
+                continue;
+            };
+            // Callback mode: the key decides, under a deadline the fencer
+            // enforces with a kill; this loop never delays it.
+            let answer = tokio::select! {
+                biased;
+                () = control.killed_with(&mut changed) => break Exit::Killed,
+                answer = Box::pin(process.handle_fence(deadline)) => answer,
+            };
+            control.fence_answered.store(true, Ordering::SeqCst);
+            match answer {
+                Ok(FenceDecision::Continue) => continue,
+                Ok(FenceDecision::Stop(reason)) => {
+                    let _ = Box::pin(process.terminate(&StopReason::Fenced(reason))).await;
+                    break Exit::Stopped;
+                }
+                Err(Death(why)) => break Exit::Died(why),
+            }
+        }
+        // Idle: let go of the process while waiting.
+        drop(held.take());
+        let envelope = tokio::select! {
+            biased;
+            () = &mut changed => {
+                // The flags are read at the top of the loop.
+                rearm(&control, &mut changed);
+                continue;
+            }
+            envelope = receive(&mut rx, &control) => match envelope {
+                Some(envelope) => envelope,
+                None => break Exit::Stopped,
+            },
+            () = &mut idle => {
+                let seen = messages + control.inline_calls();
+                let quiet = seen == seen_at_last_tick;
+                seen_at_last_tick = seen;
+                idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
+                // Retire only with no timer armed and no inline call
+                // running, under the lock every sender takes.
+                if quiet
+                    && let Ok(guard) = cell.clone().try_lock_owned()
+                    && guard.as_ref().is_some_and(|p| p.timers_armed() == 0)
+                    && slot.may_retire(&key, env.generation, &rx)
+                {
+                    let process = held.insert(guard).as_mut().expect("checked above");
+                    let _ = Box::pin(process.terminate(&StopReason::Idle)).await;
+                    node.metrics.killed(&slot.name, "idle");
+                    break Exit::Retired;
+                }
+                continue;
+            }
+        };
+        messages += 1;
+        hold(&mut held, &cell, &control, &mut changed).await;
+        let Some(process) = held.as_mut().and_then(|guard| guard.as_mut()) else {
+            // The process died during an inline call.
+            envelope.fail(Error::KeyDied(
+                "the key process died; the message was not processed, retry".to_owned(),
+            ));
+            continue;
+        };
+        // Nothing routed is served past the fence, even if this task was
+        // paused across the fence point and the fence sweep has not reached
+        // it yet: a `terminate` key dies; a survivor refuses routed messages
+        // (its timers, subscriptions and local handles still reach it).
+        // For the event log, read before the check (see `report_processing`).
+        let checked_at = node.reports_events().then(std::time::Instant::now);
+        let fenced = control.is_survivor() || !node.may_act();
+        if fenced {
+            if env.on_fence == OnFence::Terminate {
+                control.kill("the node is fenced");
+                envelope.fail(Error::Fenced);
+                break Exit::Killed;
+            }
+            if envelope.is_routed() {
+                envelope.fail(Error::Fenced);
+                continue;
+            }
+        }
+        // A key over its CPU budget waits before its next callback (it is
+        // throttled, not killed).
+        if let Some(wait) = process.throttle() {
+            let throttled = tokio::time::sleep(wait);
+            tokio::pin!(throttled);
+            tokio::select! {
+                biased;
+                () = control.killed_with(&mut changed) => {
+                    envelope.fail(Error::KeyDied(format!(
+                        "killed: {}",
+                        control.reason().unwrap_or_default()
+                    )));
+                    break Exit::Killed;
+                }
+                () = &mut throttled => process.cpu.throttled(wait),
+            }
+        }
+        if let Some(at) = checked_at {
+            crate::event_log::report_processing(&node, &env, &envelope, at);
+        }
+        let mut waiting = None;
+        let outcome = tokio::select! {
+            biased;
+            () = control.killed_with(&mut changed) => None,
+            outcome = Box::pin(dispatch(process, envelope, &mut waiting)) => Some(outcome),
+        };
+        match outcome {
+            None => {
+                if let Some(waiting) = waiting {
+                    waiting.fail(Error::KeyDied(format!(
+                        "killed: {}",
+                        control.reason().unwrap_or_default()
+                    )));
+                }
+                break Exit::Killed;
+            }
+            Some(Step::Continue) => {}
+            Some(Step::Stopped(answer)) => {
+                last_word = Some(answer);
+                break Exit::Stopped;
+            }
+            Some(Step::Died(why)) => {
+                if let Some(waiting) = waiting {
+                    let error = Error::KeyDied(why.clone());
+                    last_word = Some(Box::new(move || waiting.fail(error)));
+                }
+                break Exit::Died(why);
+            }
+        }
+    };
+    // Drop the store (and with it the instance, its timers and its
+    // subscriptions) before the key can be activated again. An inline call
+    // still holding the process ends soon: a kill interrupts it, and any
+    // other exit happens only while no call runs.
+    hold(&mut held, &cell, &control, &mut changed).await;
+    if let Some(guard) = held.as_mut() {
+        drop(guard.take());
+    }
+    drop(held);
+    node.observe(&env.module, &key, KeyLifeEvent::Ended);
+    if matches!(exit, Exit::Retired) {
+        slot.retired(&node, &env, &mut rx);
+    } else {
+        slot.remove_if_current(&key, env.generation);
+    }
+    node.limbo.remove(&env.module, &key, env.generation);
+    control.exited.send_replace(true);
+    if let Some(answer) = last_word {
+        answer();
+    }
+    let why = match &exit {
+        Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
+        Exit::Died(why) => why.clone(),
+        Exit::Stopped | Exit::Retired => "the key stopped".to_owned(),
+    };
+    match &exit {
+        Exit::Killed => node.metrics.killed(
+            &slot.name,
+            crate::metrics::kill_cause(control.reason().as_deref(), None),
+        ),
+        Exit::Died(why) => node
+            .metrics
+            .killed(&slot.name, crate::metrics::kill_cause(None, Some(why))),
+        Exit::Stopped | Exit::Retired => {}
+    }
+    match &exit {
+        Exit::Killed => {
+            tracing::info!(module = %slot.name, key = %key, reason = %why, "key killed")
+        }
+        Exit::Died(_) => tracing::warn!(module = %slot.name, key = %key, reason = %why, "key died"),
+        Exit::Stopped | Exit::Retired => {
+            tracing::debug!(module = %slot.name, key = %key, "key stopped")
+        }
+    }
+    rx.close();
+    while let Ok(envelope) = rx.try_recv() {
+        envelope.fail(Error::KeyDied(format!(
+            "{why}; the message was not processed, retry"
+        )));
+    }
+}
+
+/// Take the key's process into `held` (if not held yet): wait for an inline
+/// call that holds it, finishing orphaned inline calls meanwhile.
+async fn hold<'a>(
+    held: &mut Option<ProcessGuard>,
+    cell: &Arc<ProcessCell>,
+    control: &'a KeyControl,
+    changed: &mut Pin<&mut Notified<'a>>,
+) {
+    if held.is_some() {
+        return;
+    }
+    loop {
+        if let Some(orphan) = control.take_orphan()
+            && let Some((reply, outcome)) = orphan.finish(control).await
+        {
+            let _ = reply.send(outcome);
+        }
+        tokio::select! {
+            biased;
+            guard = cell.clone().lock_owned() => {
+                *held = Some(guard);
+                return;
+            }
+            () = changed.as_mut() => rearm(control, changed),
+        }
+    }
+}
+
+/// Take the next message out of the mailbox, setting `receiving` before it
+/// leaves the mailbox (see [`ModuleSlot::try_inline`]); the loop clears it
+/// once the message is processed.
+async fn receive(rx: &mut MailboxRx, control: &KeyControl) -> Option<Envelope> {
+    std::future::poll_fn(|cx| {
+        control.receiving.store(true, Ordering::SeqCst);
+        let poll = rx.poll_recv(cx);
+        if !matches!(poll, std::task::Poll::Ready(Some(_))) {
+            control.receiving.store(false, Ordering::SeqCst);
+        }
+        poll
+    })
+    .await
+}
+
+enum Step {
+    Continue,
+    /// The process stopped; its stop is answered once it is gone.
+    Stopped(LastWord),
+    Died(String),
+}
+
+/// An answer the key's task gives once the key's entry is gone, so that a
+/// caller acting on it at once (a retry, a fresh message) starts a fresh
+/// process instead of finding the ending one.
+type LastWord = Box<dyn FnOnce() + Send>;
+
+/// The sender waiting on the envelope being processed, kept outside the
+/// processing future so that a kill can still answer it with the reason.
+enum Waiting {
+    Call(oneshot::Sender<Result<Vec<u8>>>),
+    Stop(oneshot::Sender<Result<Option<Vec<u8>>>>),
+}
+
+impl Waiting {
+    fn fail(self, error: Error) {
+        match self {
+            Waiting::Call(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Waiting::Stop(reply) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
+
+/// Process one envelope. Its waiting sender goes into `waiting` and is
+/// answered from there, so if this future is dropped (the key was killed)
+/// the loop answers it instead.
+async fn dispatch(
+    process: &mut KeyProcess,
+    envelope: Envelope,
+    waiting: &mut Option<Waiting>,
+) -> Step {
+    match envelope {
+        Envelope::Call { message, reply, .. } => {
+            *waiting = Some(Waiting::Call(reply));
+            let outcome = process.handle_call(&message).await;
+            let Some(Waiting::Call(reply)) = waiting.take() else {
+                unreachable!("set above")
+            };
+            match outcome {
+                Ok(result) => {
+                    let _ = reply.send(result.map_err(Error::Rejected));
+                    Step::Continue
+                }
+                Err(Death(why)) => {
+                    // Answered by the loop once the process is gone.
+                    *waiting = Some(Waiting::Call(reply));
+                    Step::Died(why)
+                }
+            }
+        }
+        Envelope::Cast { message } => match process.handle_cast(&message).await {
+            Ok(()) => Step::Continue,
+            Err(Death(why)) => Step::Died(why),
+        },
+        Envelope::Info(info) => match process.handle_info(&info).await {
+            Ok(()) => Step::Continue,
+            Err(Death(why)) => Step::Died(why),
+        },
+        Envelope::Stop { reason, reply } => {
+            *waiting = Some(Waiting::Stop(reply));
+            let state = if matches!(reason, StopReason::Handoff) {
+                match process.handoff().await {
+                    // Checked when `handoff` returns: a state too large to
+                    // travel is this key's loss alone, reported by name.
+                    Ok(Some(state)) if state.len() > process.store.data().env.max_handoff => {
+                        Err(Error::HandoffTooLarge {
+                            size: state.len(),
+                            limit: process.store.data().env.max_handoff,
+                        })
+                    }
+                    Ok(state) => Ok(state),
+                    Err(Death(why)) => {
+                        if let Some(w) = waiting.take() {
+                            w.fail(Error::KeyDied(why.clone()));
+                        }
+                        return Step::Died(why);
+                    }
+                }
+            } else {
+                Ok(None)
+            };
+            let outcome = process.terminate(&reason).await;
+            let Some(Waiting::Stop(reply)) = waiting.take() else {
+                unreachable!("set above")
+            };
+            // The state `handoff` gave travels even if `terminate` then
+            // trapped: the process is over either way.
+            let answer: LastWord = Box::new(move || {
+                let _ = reply.send(state);
+            });
+            match outcome {
+                Ok(()) => Step::Stopped(answer),
+                Err(Death(why)) => {
+                    answer();
+                    Step::Died(why)
+                }
+            }
+        }
+    }
+}
