@@ -338,10 +338,20 @@ pub(crate) fn poll_metered<F: Future + ?Sized>(
     work: Pin<&mut F>,
     cx: &mut std::task::Context<'_>,
 ) -> std::task::Poll<F::Output> {
+    poll_timed(meter, work, cx).0
+}
+
+/// [`poll_metered`], also returning the time the poll took.
+pub(crate) fn poll_timed<F: Future + ?Sized>(
+    meter: &CpuMeter,
+    work: Pin<&mut F>,
+    cx: &mut std::task::Context<'_>,
+) -> (std::task::Poll<F::Output>, Duration) {
     let start = Instant::now();
     let poll = work.poll(cx);
-    meter.charge(start.elapsed());
-    poll
+    let spent = start.elapsed();
+    meter.charge(spent);
+    (poll, spent)
 }
 
 /// A key's CPU budget: a token bucket of CPU time (see the module header).

@@ -251,7 +251,10 @@ impl ModuleSlot {
             if !control.is_killed() && !control.is_survivor() && node.may_act() {
                 control.touch();
                 let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
-                return InlineCall::new(future, control, cpu).await;
+                let mut call = InlineCall::new(future, control, cpu);
+                let reply = (&mut call).await;
+                super::inline::yield_after_inline(call.spent()).await;
+                return reply;
             }
         }
         let (reply, rx) = oneshot::channel();
