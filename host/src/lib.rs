@@ -28,6 +28,7 @@ pub mod event_log;
 pub mod fuzz;
 mod guest_log;
 mod handoff;
+mod heap_trim;
 mod host_api;
 pub mod host_bytes;
 pub mod http;

@@ -7,7 +7,8 @@
 //! tick, which is how a kill (or an exhausted CPU budget) interrupts guest code
 //! that never calls the host. Contract §2: "the kill does not depend on guest
 //! code". The same thread ticks the [`Scheduler`], which reclaims turns held
-//! by callbacks that stopped computing.
+//! by callbacks that stopped computing. Beside it a [`HeapTrimmer`] returns
+//! the host heap to the OS after many keys end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +22,7 @@ use crate::bindings::KeyModule;
 use crate::compile_cache::CompileCache;
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
+use crate::heap_trim::{HeapTrimmer, TRIM_MIN_DROP, TRIM_PERIOD};
 use crate::key::KeyCtx;
 use crate::scheduler::{Scheduler, guest_threads};
 
@@ -42,6 +44,7 @@ pub(crate) struct Runtime {
     /// The order long callbacks continue in, one turn per guest thread.
     pub(crate) scheduler: Arc<Scheduler>,
     _ticker: EpochTicker,
+    _trimmer: HeapTrimmer,
 }
 
 impl Runtime {
@@ -58,7 +61,13 @@ impl Runtime {
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
             .max_memories_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
             .max_tables_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
-            .max_memory_size(config.max_memory_per_key.as_u64() as usize);
+            .max_memory_size(config.max_memory_per_key.as_u64() as usize)
+            // A key's fiber stack goes back to the pool zeroed and
+            // decommitted when its store is dropped (a store keeps its stack
+            // between calls, so this costs one `madvise` per key end, none
+            // per call): the next key, perhaps another tenant's, never sees
+            // its bytes, and a fence gives the stacks' memory back.
+            .async_stack_keep_resident(0);
 
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
@@ -66,6 +75,7 @@ impl Runtime {
             .memory_reservation(config.max_memory_per_key.as_u64())
             .memory_guard_size(MEMORY_GUARD)
             .memory_reservation_for_growth(0)
+            .async_stack_zeroing(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&wasm)
             .map_err(|e| Error::Config(format!("cannot create the wasm engine: {e}")))?;
@@ -83,12 +93,14 @@ impl Runtime {
 
         let scheduler = Arc::new(Scheduler::new(guest_threads(config.guest_threads)));
         let ticker = EpochTicker::start(engine.clone(), scheduler.clone(), config.epoch_tick);
+        let trimmer = HeapTrimmer::start(&engine, TRIM_PERIOD, TRIM_MIN_DROP);
         Ok(Runtime {
             engine,
             linker,
             compile_cache,
             scheduler,
             _ticker: ticker,
+            _trimmer: trimmer,
         })
     }
 }
