@@ -1,0 +1,522 @@
+//! A Fief instance: one node of one namespace, embeddable in any tokio program.
+//!
+//! [`Instance`] ties the parts together: the module registry, the key
+//! runtime, pub/sub, and the *coordination loop* that holds the node's lease
+//! at the arbiter, leads when it can, keeps the local copy of the partition
+//! table, and fences the node when it cannot prove its lease current. Every
+//! decision about time and ownership is made by `fief-core` from readings of
+//! the node's [`TokioClock`](crate::TokioClock); this module carries the
+//! decisions out. The coordination loop runs on a thread of its own
+//! ([`DedicatedRuntime`](crate::dedicated::DedicatedRuntime)), so guest code
+//! keeping the node's runtime busy cannot delay a renewal or the fence.
+//!
+//! Routing (guarantee 2): a message is served only if, at the moment it is
+//! routed, the node's lease is current and the table gives it the key's
+//! partition. The fence (guarantee 3) is checked three times: by the
+//! coordination loop at the fence point (kills every key), by routing (refuses
+//! every message), and by the side-effect gate in every host import.
+//!
+//! The parts, one concept each:
+//! - this file: the [`Instance`] facade (the public API an embedder calls)
+//!   and [`NodeShared`], the state the instance, its coordination loop and
+//!   its key processes share, with its small accessors. It must not decide
+//!   routing, coordination or moves itself: it calls the parts below;
+//! - `start.rs`: [`InstanceBuilder`], starting a node;
+//! - `routing.rs`: where a message goes and its delivery: route, admit an
+//!   activation, call, cast, forward to the owner, serve a peer's request;
+//! - `coordination.rs`: the coordination loop on its own thread, and what it
+//!   carries out: the fence and the adoption of a newer table;
+//! - `moves.rs`: graceful moves out (stop keys for handoff, send states,
+//!   transfer at the arbiter), the leader's move requests, and `leave`;
+//! - `status.rs`: the node's snapshot ([`Status`]) and its parts.
+
+mod coordination;
+mod moves;
+mod routing;
+mod start;
+mod status;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use fief_core::{Coordinator, LeaseStatus, NodeId, OwnershipTable, PartitionId};
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch};
+use tokio_util::task::TaskTracker;
+
+use crate::arbiter::{ANONYMOUS, Arbiter, LeaseId, Member, Term};
+use crate::bindings::types::StopReason;
+use crate::cache::{Cache, CacheStore};
+use crate::clock::NodeClock;
+use crate::config::{ModuleOptions, NodeConfig};
+use crate::error::{Error, Result};
+use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
+use crate::handoff::{HandoffStates, LostState};
+use crate::host_bytes::TenantLedgers;
+use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock};
+use crate::limbo::{Limbo, LimboEntry};
+use crate::pubsub::PubSub;
+use crate::runtime::Runtime;
+use crate::scheduler::GuestPool;
+use crate::transport::PeerPool;
+
+use coordination::Coordination;
+pub use moves::LeaveReport;
+pub(crate) use routing::refused;
+pub use start::InstanceBuilder;
+pub(crate) use status::module_info;
+pub use status::{LeaseState, ModuleInfo, NodeStatus, Status};
+
+/// State shared by the instance, its coordination loop and its key processes.
+pub(crate) struct NodeShared {
+    pub(crate) config: NodeConfig,
+    pub(crate) node_id: NodeId,
+    pub(crate) runtime: Runtime,
+    /// The guest threads' runtime, where key tasks are spawned (the pool
+    /// itself is the instance's: see [`Instance`]).
+    pub(crate) guest: Handle,
+    pub(crate) pubsub: PubSub,
+    pub(crate) tasks: TaskTracker,
+    pub(crate) limbo: Limbo,
+    pub(crate) clock: Arc<dyn NodeClock>,
+    pub(crate) arbiter: Arc<dyn Arbiter>,
+    /// Live members as the arbiter last reported them.
+    pub(crate) members: RwLock<BTreeMap<NodeId, Member>>,
+    pub(crate) peers: PeerPool,
+    peer_addr: Option<String>,
+    /// The coordination state machine: the lease (routing reads its status)
+    /// and the coordination round in progress.
+    lease: Mutex<Coordinator>,
+    /// The lease's fence point as the coordinator publishes it, read by the
+    /// side-effect gate without taking `lease`'s lock.
+    fence_gate: Arc<fief_core::FenceGate>,
+    leader_term: Mutex<Option<Term>>,
+    table: RwLock<OwnershipTable>,
+    pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
+    /// Cluster-wide deploys: the module follower's bookkeeping.
+    pub(crate) deploys: crate::deploy::Deploys,
+    fences: Mutex<u64>,
+    observer: Option<KeyLifeObserver>,
+    /// Receives leases granted, fences and routed messages processed (the
+    /// event log).
+    events: Option<NodeEventObserver>,
+    /// The current lease's id at the arbiter, once joined.
+    lease_id: Mutex<Option<LeaseId>>,
+    /// Partitions being handed off: owned, but not served.
+    draining: Mutex<BTreeSet<PartitionId>>,
+    /// Partitions whose transfer failed with its outcome unknown, with when
+    /// it failed: not served until a table read sent later settles them.
+    unsure: Mutex<BTreeMap<PartitionId, fief_core::Instant>>,
+    /// Handoff states waiting for their keys' next process here: received
+    /// from a previous owner, or kept after a move out failed.
+    handoffs: Mutex<HandoffStates>,
+    /// Host memory held for each tenant's keys ([`crate::host_bytes`]).
+    pub(crate) host_bytes: TenantLedgers,
+    /// Each tenant's CPU here, and its budget ([`crate::cpu_budget`]).
+    pub(crate) tenant_cpu: crate::cpu_budget::TenantCpuMeters,
+    /// States a leave in progress could not hand on, for its report.
+    leave_losses: Mutex<Vec<LostState>>,
+    /// Serializes graceful moves out of this node.
+    moving: tokio::sync::Mutex<()>,
+    /// Set by `leave`: the node hands off everything and takes nothing.
+    pub(crate) leaving: std::sync::atomic::AtomicBool,
+    /// Wakes the coordination loop to refresh the table now.
+    sync_now: tokio::sync::Notify,
+    /// Whether the current lease has been fenced (reset on join).
+    fenced_this_lease: std::sync::atomic::AtomicBool,
+    /// Fault injection: the coordination loop panics when it sees this.
+    coordination_crash: std::sync::atomic::AtomicBool,
+    /// Fault injection: milliseconds every call waits between its routing
+    /// decision and its delivery (0: none), as a preempted thread would.
+    route_delay_ms: std::sync::atomic::AtomicU64,
+    /// Set when someone asked the node's host program to stop (after a
+    /// leave through the API).
+    stop_requested: watch::Sender<bool>,
+    /// The coherent cache's entries this node holds as owner.
+    pub(crate) cache: Mutex<CacheStore>,
+    /// Counters and histograms for `GET /metrics`.
+    pub(crate) metrics: crate::metrics::Metrics,
+}
+
+/// Receives every key process's start and end (see [`KeyLife`]).
+pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;
+
+impl NodeShared {
+    /// Report a key life event to the observer, if there is one.
+    pub(crate) fn observe(&self, module: &str, key: &str, event: KeyLifeEvent) {
+        if event == KeyLifeEvent::Started {
+            self.metrics.activated(module);
+        }
+        if let Some(observer) = &self.observer {
+            observer(KeyLife {
+                node: self.node_id.to_string(),
+                module: module.to_owned(),
+                key: key.to_owned(),
+                event,
+                at: std::time::Instant::now(),
+            });
+        }
+    }
+
+    /// Whether a [`NodeEventObserver`] is installed (so callers skip the
+    /// work of building events nobody reads).
+    pub(crate) fn reports_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Report a [`NodeEvent`] that happened `at` to the observer, if any.
+    pub(crate) fn report(&self, at: std::time::Instant, kind: NodeEventKind) {
+        if let Some(events) = &self.events {
+            events(NodeEvent {
+                node: self.node_id.to_string(),
+                at,
+                kind,
+            });
+        }
+    }
+
+    /// Whether this node may act for its keys right now: its lease is current.
+    /// Lock-free (every host import's gate and every running guest's epoch
+    /// callback ask): the fence point as the coordinator last published it,
+    /// read before the clock, so past the fence point this is false.
+    pub(crate) fn may_act(&self) -> bool {
+        let until = self.fence_gate.current_until();
+        until.is_some_and(|until| self.clock.now() < until)
+    }
+
+    fn lease_status(&self) -> LeaseStatus {
+        lock(&self.lease).status(self.clock.now())
+    }
+
+    /// Renewals the current lease has settled (for the metrics).
+    pub(crate) fn renewal_counts(&self) -> fief_core::RenewalCounts {
+        lock(&self.lease).renewal_counts()
+    }
+
+    pub(crate) fn table(&self) -> std::sync::RwLockReadGuard<'_, OwnershipTable> {
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn module(&self, name: &str) -> Result<Arc<ModuleSlot>> {
+        self.modules
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownModule(name.to_owned()))
+    }
+
+    pub(crate) fn slots(&self) -> Vec<Arc<ModuleSlot>> {
+        self.modules
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn check_message(&self, message: &[u8]) -> Result<()> {
+        let limit = self.config.max_message_size.as_u64() as usize;
+        if message.len() > limit {
+            return Err(Error::MessageTooLarge {
+                size: message.len(),
+                limit,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One Fief node: start it, deploy modules, call keys, stop it.
+///
+/// ```no_run
+/// # async fn demo(wasm: Vec<u8>) -> Result<(), fief::Error> {
+/// use fief::{Instance, ModuleOptions, NodeConfig};
+///
+/// let node = Instance::start_embedded(NodeConfig::default()).await?;
+/// node.deploy("counter", &wasm, ModuleOptions::default()).await?;
+/// let reply = node.call("counter", "alice", b"incr".to_vec()).await?;
+/// assert_eq!(reply, b"1");
+/// node.shutdown().await;
+/// # Ok(()) }
+/// ```
+pub struct Instance {
+    pub(crate) shared: Arc<NodeShared>,
+    /// The coordination loop's thread; `abort` stops it and waits until the
+    /// loop has stopped.
+    coordination: Coordination,
+    peer_server: Option<tokio::task::JoinHandle<()>>,
+    /// The guest threads. Dropped last (after a shutdown has waited for the
+    /// key tasks), it drops whatever key task is left: a node dropped
+    /// without a shutdown ends like a crash, and its threads with it.
+    _guest_pool: GuestPool,
+}
+
+impl Instance {
+    /// The node's configuration.
+    pub fn config(&self) -> &NodeConfig {
+        &self.shared.config
+    }
+
+    /// The state shared with the node's tasks (for the metrics and the
+    /// dashboard, which read it at request time).
+    pub(crate) fn shared(&self) -> &Arc<NodeShared> {
+        &self.shared
+    }
+
+    /// Deploy (or replace) a module in the whole cluster, as `"anonymous"`
+    /// (see [`Instance::deploy_as`]). Live keys of a replaced module finish
+    /// on their version; new activations use the new one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidModuleName`], [`Error::InvalidOptions`] or
+    /// [`Error::InvalidModule`] saying what is wrong (nothing is stored or
+    /// changed), or [`Error::ModuleStore`] if the arbiter cannot store it.
+    pub async fn deploy(
+        &self,
+        name: &str,
+        wasm: impl AsRef<[u8]>,
+        options: ModuleOptions,
+    ) -> Result<ModuleInfo> {
+        self.deploy_as(name, wasm.as_ref().to_vec(), options, ANONYMOUS)
+            .await
+    }
+
+    /// Call `key` of `module` with `message` and wait for its reply (at most
+    /// the node's `call_timeout`). Activates the key if it is not live.
+    ///
+    /// # Errors
+    ///
+    /// Any [`Error`]: bad input, routing refusals (fenced, unowned), a full
+    /// mailbox, the key's own error, its death, or a timeout.
+    pub async fn call(&self, module: &str, key: &str, message: Vec<u8>) -> Result<Vec<u8>> {
+        let timeout = self.shared.config.call_timeout;
+        self.shared
+            .call_with_timeout(module, key, message, timeout)
+            .await
+    }
+
+    /// Send `key` of `module` a one-way message. Returns once it is in the
+    /// key's mailbox.
+    ///
+    /// # Errors
+    ///
+    /// As [`Instance::call`], except those about the reply.
+    pub fn cast(&self, module: &str, key: &str, message: Vec<u8>) -> Result<()> {
+        self.shared.cast(module, key, message)
+    }
+
+    /// Kill a key's process now (it traps at once, even mid-callback). The
+    /// next message starts a fresh process. Returns whether it was live.
+    pub fn kill_key(&self, module: &str, key: &str) -> bool {
+        let killed = self
+            .shared
+            .module(module)
+            .is_ok_and(|slot| slot.kill(key, "killed by an operator"));
+        self.shared.runtime.engine.increment_epoch();
+        killed
+    }
+
+    /// Stop a key gracefully: `handoff` (if `with_handoff`), then
+    /// `terminate`. Returns the handoff state. `Ok(None)` if it was not live.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownModule`], or [`Error::KeyDied`] if it died stopping.
+    pub async fn stop_key(
+        &self,
+        module: &str,
+        key: &str,
+        reason: StopReason,
+    ) -> Result<Option<Vec<u8>>> {
+        let slot = self.shared.module(module)?;
+        match slot.stop(key, reason) {
+            None => Ok(None),
+            Some(rx) => rx
+                .await
+                .map_err(|_| Error::KeyDied("the key went away while stopping".to_owned()))?,
+        }
+    }
+
+    /// Every live key on this node.
+    pub fn keys(&self) -> Vec<LiveKey> {
+        self.shared.slots().iter().flat_map(|s| s.list()).collect()
+    }
+
+    /// The cluster's coherent cache, reached through this node: every
+    /// operation goes to the owner of its key's partition.
+    pub fn cache(&self) -> Cache {
+        Cache {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Fence the node now, as if its lease could not be renewed: every
+    /// `terminate` key is killed and nothing is served until it rejoins.
+    pub fn fence_now(&self) {
+        self.shared.fence("requested");
+    }
+
+    /// The survivors in this node's limbo (`continue`/`callback` keys that
+    /// outlived a fence).
+    pub async fn limbo(&self) -> Vec<LimboEntry> {
+        self.shared.limbo.entries().await
+    }
+
+    /// Call a key through a *local handle* on this node: unlike
+    /// [`Instance::call`] it is not routed, so it also reaches a survivor in
+    /// limbo. This is the fence-mode page's "anything holding their handle
+    /// can still talk to them" — outside guarantee 2 by construction.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownModule`] style errors: the key has no live process or
+    /// survivor on this node, its mailbox is full, or it died.
+    pub async fn call_local_handle(
+        &self,
+        module: &str,
+        key: &str,
+        message: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let shared = &self.shared;
+        shared.check_message(&message)?;
+        let mailbox = match shared.limbo.mailbox(module, key).await {
+            Some(mailbox) => mailbox,
+            None => shared.module(module)?.mailbox(key).ok_or_else(|| {
+                Error::KeyDied(format!("no live process of {module}/{key} on this node"))
+            })?,
+        };
+        let (reply, rx) = oneshot::channel();
+        let envelope = Envelope::Call {
+            message,
+            reply,
+            via: Via::LocalHandle,
+        };
+        mailbox
+            .try_send(envelope)
+            .map_err(|refused| refused.into_error(module, key, &mailbox))?;
+        let timeout = shared.config.call_timeout;
+        match tokio::time::timeout(timeout, rx).await {
+            Err(_) => Err(Error::Timeout(timeout)),
+            Ok(Err(_)) => Err(Error::KeyDied("the key process went away".to_owned())),
+            Ok(Ok(reply)) => reply,
+        }
+    }
+
+    /// Make limbo's bookkeeper crash (fault injection: contract §5 row 7).
+    /// Its survivors die with it.
+    pub fn inject_limbo_crash(&self) {
+        self.shared.limbo.crash();
+    }
+
+    /// Make the coordination loop crash (fault injection: contract §5 row
+    /// 6). The node fences; survivors in limbo live on.
+    pub fn inject_coordination_crash(&self) {
+        self.shared
+            .coordination_crash
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shared.sync_now.notify_one();
+    }
+
+    /// Make every call served here wait `delay` between its routing decision
+    /// and its delivery to the key (fault injection: a thread preempted at
+    /// the worst moment, so a move can begin in between). Zero turns it off.
+    pub fn inject_route_delay(&self, delay: Duration) {
+        self.shared.route_delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
+    /// Ask the program hosting this node to stop it (the HTTP API does this
+    /// after `POST /v1/leave`).
+    pub fn request_stop(&self) {
+        self.shared.stop_requested.send_replace(true);
+    }
+
+    /// Resolves once [`Instance::request_stop`] was called.
+    pub async fn stop_requested(&self) {
+        let mut rx = self.shared.stop_requested.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Whether other live nodes share this node's namespace.
+    pub fn has_peers(&self) -> bool {
+        self.shared
+            .members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .any(|n| n != &self.shared.node_id)
+    }
+
+    /// Cut (or restore) this node's outgoing link to `peer` (fault injection
+    /// for tests: contract §5 row 3). Returns false if `peer` is not a known
+    /// live member with a peer address.
+    pub async fn set_peer_link(&self, peer: &str, up: bool) -> bool {
+        let Ok(addr) = self.shared.peer_addr_of(&NodeId::new(peer)) else {
+            return false;
+        };
+        self.shared.peers.set_link(&addr, up).await;
+        true
+    }
+
+    /// Stop the node abruptly, as if its process died: no key is stopped
+    /// gracefully, the lease is not released, peers are dropped. The
+    /// arbiter learns of it only when the lease expires. For failure tests
+    /// and chaos.
+    pub async fn crash(self) {
+        self.coordination.abort();
+        if let Some(server) = &self.peer_server {
+            server.abort();
+        }
+        for slot in self.shared.slots() {
+            slot.kill_where("the node crashed", |_| true);
+        }
+        self.shared.limbo.kill_all().await;
+        self.shared.runtime.engine.increment_epoch();
+        self.shared.tasks.close();
+        self.shared.tasks.wait().await;
+    }
+
+    /// Stop the node: stop every key gracefully (`terminate(shutdown)`),
+    /// kill what does not stop within a second, release the lease.
+    pub async fn shutdown(self) {
+        self.coordination.abort();
+        if let Some(server) = &self.peer_server {
+            server.abort();
+        }
+        let mut stops = Vec::new();
+        for slot in self.shared.slots() {
+            for key in slot.live_key_names() {
+                if let Some(rx) = slot.stop(&key, StopReason::Shutdown) {
+                    stops.push(rx);
+                }
+            }
+        }
+        let graceful = async {
+            for rx in stops {
+                let _ = rx.await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(1), graceful)
+            .await
+            .is_err()
+        {
+            for slot in self.shared.slots() {
+                slot.kill_where("the node is shutting down", |_| true);
+            }
+            self.shared.runtime.engine.increment_epoch();
+        }
+        // Survivors die with the instance (after the drain, which does not
+        // touch limbo).
+        self.shared.limbo.kill_all().await;
+        self.shared.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.shared.tasks.wait()).await;
+        tracing::info!(node = %self.shared.node_id, "node stopped");
+    }
+}

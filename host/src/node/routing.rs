@@ -1,0 +1,378 @@
+//! Routing: where a message for a key goes, and getting it there.
+//!
+//! This file owns the node's side of guarantee 2: the routing decision as of
+//! now (`route`: the core's decision, with partitions being drained or unsure
+//! refused), the admission of a new key process under the key table's lock
+//! (`admit_activation`), local delivery, calls and casts on whichever node
+//! owns the key (forwarded to the owner, with one bounded retry on a stale
+//! table), and serving a peer's forwarded request, which is routed again and
+//! never forwarded. It must not change ownership itself: the lease, the table
+//! and moves are `coordination.rs`'s and `moves.rs`'s, which it only reads or
+//! asks (a stale table is refreshed through `coordination.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fief_core::{NodeId, PartitionId, Route, RouteRefusal};
+
+use super::NodeShared;
+use crate::config::validate_key;
+use crate::error::{Error, Result};
+use crate::key::{Envelope, ModuleSlot, Via, lock};
+use crate::transport::PeerRequest;
+
+impl NodeShared {
+    /// Decide where a message for `key` goes, as of now. A partition being
+    /// handed off is not served by anyone until the move completes.
+    pub(crate) fn route(&self, key: &str) -> Route {
+        let route = self.table().route(&self.node_id, self.lease_status(), key);
+        match route {
+            Route::Local { partition, .. }
+                if lock(&self.draining).contains(&partition)
+                    || lock(&self.unsure).contains_key(&partition) =>
+            {
+                Route::Refuse(RouteRefusal::Unowned(partition))
+            }
+            route => route,
+        }
+    }
+
+    /// May a new process of `module`/`key` start here now, for `partition`
+    /// under `token`? Called by the key table (`ModuleSlot::deliver`) under
+    /// its lock, so a drain that marked the partition either sees the new
+    /// process or refuses it here. Gives the handoff state waiting for the
+    /// key, if one belongs to this ownership.
+    ///
+    /// # Errors
+    ///
+    /// The routing refusal when the partition is no longer served here
+    /// under `token` (a move began, the node fenced, the table changed).
+    pub(crate) fn admit_activation(
+        &self,
+        module: &str,
+        key: &str,
+        partition: PartitionId,
+        token: fief_core::OwnershipToken,
+    ) -> Result<Option<Vec<u8>>> {
+        match self.route(key) {
+            Route::Local {
+                partition: p,
+                token: t,
+            } if p == partition && t == token => {}
+            Route::Local { partition: p, .. } => return Err(Error::Unowned(p)),
+            Route::Forward { owner, .. } => {
+                return Err(Error::NotOwner {
+                    owner: owner.to_string(),
+                });
+            }
+            Route::Refuse(refusal) => return Err(refused(refusal)),
+        }
+        let (state, lost) = {
+            let table = self.table();
+            lock(&self.handoffs).take_for_activation(module, key, &table, &self.node_id)
+        };
+        if state.is_some() {
+            self.metrics.handoff_states("delivered", 1);
+        }
+        if let Some(lost) = lost {
+            self.handoff_dropped("dropped_stale", &[lost]);
+        }
+        Ok(state)
+    }
+
+    /// Where the peers of `owner` reach it.
+    pub(super) fn peer_addr_of(&self, owner: &NodeId) -> Result<String> {
+        self.members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(owner)
+            .and_then(|m| m.peer_addr.clone())
+            .ok_or_else(|| Error::OwnerUnreachable {
+                owner: owner.to_string(),
+                why: "the arbiter lists no peer address for it".to_owned(),
+            })
+    }
+
+    /// Put `envelope` in the key's mailbox on this node, if this node owns
+    /// the key right now; never forwards.
+    fn deliver_local(self: &Arc<Self>, module: &str, key: &str, envelope: Envelope) -> Result<()> {
+        validate_key(key)?;
+        let slot = self.module(module)?;
+        if let Envelope::Call { message, .. } | Envelope::Cast { message, .. } = &envelope {
+            check_module_message(&slot, message)?;
+        }
+        match self.route(key) {
+            Route::Local { partition, token } => {
+                slot.deliver(self, key, partition, token, envelope)
+            }
+            Route::Forward { owner, .. } => Err(Error::NotOwner {
+                owner: owner.to_string(),
+            }),
+            Route::Refuse(refusal) => Err(refused(refusal)),
+        }
+    }
+
+    /// Call a key and wait for its reply, at most `timeout`, on whichever
+    /// node owns it.
+    pub(crate) async fn call_with_timeout(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        message: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        self.check_message(&message)?;
+        validate_key(key)?;
+        let started = std::time::Instant::now();
+        let span = tracing::debug_span!("call", node = %self.node_id, module, key);
+        let (reply, route) = tracing::Instrument::instrument(
+            async {
+                let request = || PeerRequest::Call {
+                    module: module.to_owned(),
+                    key: key.to_owned(),
+                    message: message.clone(),
+                    timeout_ms: timeout.as_millis() as u64,
+                };
+                match self.forward(key, request, timeout).await {
+                    Some(reply) => (reply, crate::metrics::CallRoute::Routed),
+                    None => (
+                        self.call_local(module, key, message, timeout).await,
+                        crate::metrics::CallRoute::Local,
+                    ),
+                }
+            },
+            span,
+        )
+        .await;
+        self.metrics
+            .call_done(module, route, reply.is_ok(), started.elapsed());
+        reply
+    }
+
+    /// Send `request` to the owner of `key` if another node owns it, and
+    /// return its answer; `None` when this node is the one to serve it (or
+    /// refuse it), which the caller does locally.
+    ///
+    /// One bounded retry: if the owner per our table is gone or says it is
+    /// not the owner, our table may be stale; refresh it and route once more.
+    pub(crate) async fn forward(
+        self: &Arc<Self>,
+        key: &str,
+        request: impl Fn() -> PeerRequest,
+        timeout: Duration,
+    ) -> Option<Result<Vec<u8>>> {
+        for attempt in 0..2 {
+            let epoch = self.table().epoch();
+            let Route::Forward { owner, .. } = self.route(key) else {
+                return None;
+            };
+            let addr = match self.peer_addr_of(&owner) {
+                Ok(addr) => addr,
+                Err(e) => return Some(Err(e)),
+            };
+            match self.peers.request(&addr, request(), timeout).await {
+                // Retry once the table is newer than the one this route was
+                // decided on, whether this refresh or the coordination loop
+                // (nudged by the same move) adopted it.
+                Err(e)
+                    if attempt == 0
+                        && stale_route(&e)
+                        && (self.refresh_table().await || self.table().epoch() > epoch) =>
+                {
+                    continue;
+                }
+                result => return Some(result.map_err(|e| name_owner(e, &owner, &addr))),
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    async fn call_local(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        message: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        validate_key(key)?;
+        let slot = self.module(module)?;
+        check_module_message(&slot, &message)?;
+        let (partition, token) = match self.route(key) {
+            Route::Local { partition, token } => (partition, token),
+            Route::Forward { owner, .. } => {
+                return Err(Error::NotOwner {
+                    owner: owner.to_string(),
+                });
+            }
+            Route::Refuse(refusal) => return Err(refused(refusal)),
+        };
+        let delay = self
+            .route_delay_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        // An idle key runs the call on this task; a busy one queues it
+        // (`ModuleSlot::call`). A timeout abandons the wait, not the call:
+        // the key finishes it either way.
+        let call = slot.call(self, key, partition, token, message, Via::Routed);
+        let reply = match tokio::time::timeout(timeout, call).await {
+            Err(_) => return Err(Error::Timeout(timeout)),
+            Ok(reply) => reply?,
+        };
+        let module_limit = self
+            .module(module)
+            .ok()
+            .and_then(|slot| slot.current().options.max_reply_size);
+        let limit = module_limit
+            .map_or(self.config.max_message_size, |l| {
+                l.min(self.config.max_message_size)
+            })
+            .as_u64() as usize;
+        if reply.len() > limit {
+            return Err(Error::ReplyTooLarge {
+                size: reply.len(),
+                limit,
+            });
+        }
+        Ok(reply)
+    }
+
+    /// Send a key a one-way message, on whichever node owns it. A cast to
+    /// another node is sent in the background; its failure is logged.
+    pub(crate) fn cast(self: &Arc<Self>, module: &str, key: &str, message: Vec<u8>) -> Result<()> {
+        self.check_message(&message)?;
+        validate_key(key)?;
+        if let Route::Forward { owner, .. } = self.route(key) {
+            let addr = self.peer_addr_of(&owner)?;
+            let request = PeerRequest::Cast {
+                module: module.to_owned(),
+                key: key.to_owned(),
+                message,
+            };
+            let node = self.clone();
+            let timeout = self.config.call_timeout;
+            tokio::spawn(async move {
+                if let Err(error) = node.peers.request(&addr, request, timeout).await {
+                    tracing::warn!(%owner, %error, "a forwarded cast failed");
+                }
+            });
+            return Ok(());
+        }
+        self.deliver_local(module, key, Envelope::Cast { message })
+    }
+
+    /// Serve a request forwarded by a peer: only if this node owns the key
+    /// now (the owner's re-check); never forward it again.
+    pub(crate) async fn serve_peer_request(
+        self: &Arc<Self>,
+        request: PeerRequest,
+    ) -> Result<Vec<u8>> {
+        match request {
+            PeerRequest::Call {
+                module,
+                key,
+                message,
+                timeout_ms,
+            } => {
+                self.check_message(&message)?;
+                let timeout = Duration::from_millis(timeout_ms).min(self.config.call_timeout);
+                let started = std::time::Instant::now();
+                let span = tracing::debug_span!(
+                    "serve",
+                    node = %self.node_id,
+                    module = %module,
+                    key = %key,
+                    from = "peer"
+                );
+                let reply = tracing::Instrument::instrument(
+                    self.call_local(&module, &key, message, timeout),
+                    span,
+                )
+                .await;
+                self.metrics.call_done(
+                    &module,
+                    crate::metrics::CallRoute::Peer,
+                    reply.is_ok(),
+                    started.elapsed(),
+                );
+                reply
+            }
+            PeerRequest::Cast {
+                module,
+                key,
+                message,
+            } => {
+                self.check_message(&message)?;
+                self.deliver_local(&module, &key, Envelope::Cast { message })
+                    .map(|()| Vec::new())
+            }
+            PeerRequest::Handoff { entries } => {
+                let n = lock(&self.handoffs).receive(entries, &self.host_bytes);
+                self.metrics.handoff_states("received", n);
+                Ok(Vec::new())
+            }
+            PeerRequest::Move { moves } => {
+                let moves = moves
+                    .into_iter()
+                    .map(|(p, to)| (PartitionId(p), NodeId::new(to)))
+                    .collect();
+                let node = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = node.move_out(moves).await {
+                        tracing::warn!(node = %node.node_id, error = %e, "moving partitions out failed");
+                    }
+                });
+                Ok(Vec::new())
+            }
+            PeerRequest::Nudge => {
+                self.sync_now.notify_one();
+                self.deploys.wake();
+                Ok(Vec::new())
+            }
+            PeerRequest::LoadedModules => Ok(self.loaded_modules()),
+            PeerRequest::Cache(op) => self.cache_local(op).map(|outcome| outcome.encode()),
+            PeerRequest::Hello { .. } => Ok(Vec::new()),
+        }
+    }
+}
+
+/// Whether a forwarding error suggests this node's table is stale.
+/// The module's own message limit (`max_message_size` of its options), under
+/// the node's, which the caller checked already. Every local delivery path
+/// (the mailbox and the inline call of an idle key) checks it.
+fn check_module_message(slot: &ModuleSlot, message: &[u8]) -> Result<()> {
+    match slot.current().options.max_message_size {
+        Some(limit) if message.len() as u64 > limit.as_u64() => Err(Error::MessageTooLarge {
+            size: message.len(),
+            limit: limit.as_u64() as usize,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn stale_route(error: &Error) -> bool {
+    match error {
+        Error::OwnerUnreachable { .. } => true,
+        Error::Remote { code, .. } => code == "not_owner" || code == "fenced",
+        _ => false,
+    }
+}
+
+/// Name the owner by its node id (the transport only knows its address).
+fn name_owner(error: Error, owner: &NodeId, addr: &str) -> Error {
+    match error {
+        Error::OwnerUnreachable { why, .. } => Error::OwnerUnreachable {
+            owner: owner.to_string(),
+            why: format!("{why} (peer address {addr})"),
+        },
+        other => other,
+    }
+}
+
+pub(crate) fn refused(refusal: RouteRefusal) -> Error {
+    match refusal {
+        RouteRefusal::Fenced => Error::Fenced,
+        RouteRefusal::Unowned(p) => Error::Unowned(p),
+    }
+}

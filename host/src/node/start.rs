@@ -1,0 +1,266 @@
+//! Starting a node: [`InstanceBuilder`] and [`Instance::start_embedded`].
+//!
+//! This file owns what a node is made of when it starts: its arbiter (a fresh
+//! local one unless given), its clock, its peer listener and advertised
+//! address, the wasmtime runtime and the guest threads, limbo, the cache and
+//! the host-memory and CPU ledgers, the builder's modules (deployed before
+//! the node joins, so it never owns a partition without them), and the
+//! coordination thread. It must not route a message or make a coordination
+//! decision itself: once started, the node is driven by `coordination.rs` and
+//! serves through `routing.rs`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use fief_core::{Coordinator, NodeId, OwnershipTable};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use super::coordination::{Coordination, supervise};
+use super::{Instance, KeyLifeObserver, NodeShared};
+use crate::arbiter::{Arbiter, LocalArbiter, PostgresArbiter};
+use crate::cache::CacheStore;
+use crate::clock::{NodeClock, TokioClock};
+use crate::config::{ModuleOptions, NodeConfig};
+use crate::dedicated::DedicatedRuntime;
+use crate::error::{Error, Result};
+use crate::event_log::NodeEventObserver;
+use crate::handoff::HandoffStates;
+use crate::host_bytes::TenantLedgers;
+use crate::limbo::Limbo;
+use crate::pubsub::PubSub;
+use crate::runtime::Runtime;
+use crate::scheduler::GuestPool;
+use crate::transport::PeerPool;
+
+/// Chooses how an [`Instance`] starts: its arbiter, clock and peer listener.
+pub struct InstanceBuilder {
+    config: NodeConfig,
+    arbiter: Option<Arc<dyn Arbiter>>,
+    clock: Option<Arc<dyn NodeClock>>,
+    peer_listener: Option<tokio::net::TcpListener>,
+    observer: Option<KeyLifeObserver>,
+    events: Option<NodeEventObserver>,
+    modules: Vec<(String, Vec<u8>, ModuleOptions)>,
+}
+
+impl InstanceBuilder {
+    /// Deploy a module before the node joins its cluster, so it never owns
+    /// a partition without the module (repeatable).
+    pub fn module(mut self, name: &str, wasm: Vec<u8>, options: ModuleOptions) -> Self {
+        self.modules.push((name.to_owned(), wasm, options));
+        self
+    }
+
+    /// Report every key process's start and end to `observer` (for
+    /// single-ownership checkers and audits).
+    pub fn observer(mut self, observer: KeyLifeObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Report leases granted, fences and every routed message handed to a
+    /// guest to `events` (see [`NodeEvent`](crate::event_log::NodeEvent);
+    /// `fief node --event-log` writes them to a file with
+    /// [`crate::event_log::EventLog`]).
+    pub fn events(mut self, events: NodeEventObserver) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// Use `arbiter` (default: a fresh [`LocalArbiter`] of the node's own).
+    pub fn arbiter(mut self, arbiter: Arc<dyn Arbiter>) -> Self {
+        self.arbiter = Some(arbiter);
+        self
+    }
+
+    /// Measure the lease on `clock` (default: [`TokioClock`]).
+    pub fn clock(mut self, clock: Arc<dyn NodeClock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Serve peers on `listener` (default: bind `peer_listen` from the
+    /// config, if set; otherwise the node takes no forwarded messages).
+    pub fn peer_listener(mut self, listener: tokio::net::TcpListener) -> Self {
+        self.peer_listener = Some(listener);
+        self
+    }
+
+    /// Start the node. Returns once it holds a lease and knows the table, or
+    /// after one lease TTL if the arbiter cannot be reached (the node keeps
+    /// trying in the background and serves nothing meanwhile).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the configuration cannot work or a listener
+    /// cannot be bound.
+    pub async fn start(self) -> Result<Instance> {
+        let config = self.config;
+        config.validate()?;
+        let timing = config.lease_timing()?;
+        let clock: Arc<dyn NodeClock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        let arbiter: Arc<dyn Arbiter> = match self.arbiter {
+            Some(arbiter) => arbiter,
+            None if config.arbiter == "local" => {
+                Arc::new(LocalArbiter::new(clock.clone(), config.partition_count()))
+            }
+            None => Arc::new(
+                PostgresArbiter::connect(
+                    &config.arbiter,
+                    &config.namespace,
+                    config.partition_count(),
+                )
+                .await
+                .map_err(|e| Error::Config(format!("cannot use the arbiter: {e}")))?,
+            ),
+        };
+        let peer_listener = match (self.peer_listener, config.peer_listen) {
+            (Some(listener), _) => Some(listener),
+            (None, Some(addr)) => {
+                Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    Error::Config(format!("cannot listen for peers on {addr}: {e}"))
+                })?)
+            }
+            (None, None) => None,
+        };
+        let peer_addr = match &peer_listener {
+            // The address registered for peers: the advertised one if set
+            // (peers reach the node through a proxy), else the listener's.
+            Some(_) if config.peer_advertise.is_some() => config.peer_advertise.clone(),
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|e| Error::Config(format!("peer listener: {e}")))?
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let runtime = Runtime::new(&config)?;
+        // Guest code runs on threads of its own, never on this runtime's
+        // workers (which serve the API and the peer links).
+        let guest_pool = GuestPool::start(
+            crate::scheduler::guest_threads(config.guest_threads),
+            config.guest_thread_nice,
+        )?;
+        let limbo = Limbo::start(runtime.engine.clone());
+        let cache_max_bytes =
+            usize::try_from(config.cache_max_bytes.as_u64()).unwrap_or(usize::MAX);
+        let cache_tenant_max_bytes =
+            usize::try_from(config.cache_max_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
+        let cache_namespace_max_bytes =
+            usize::try_from(config.cache_max_bytes_per_namespace.as_u64()).unwrap_or(usize::MAX);
+        let host_bytes_per_tenant =
+            usize::try_from(config.max_host_bytes_per_tenant.as_u64()).unwrap_or(usize::MAX);
+        let tenant_cpu = crate::cpu_budget::TenantCpuMeters::new(
+            config
+                .cpu_budget_per_tenant
+                .map(|cores| (cores, config.cpu_budget_per_tenant_window)),
+        );
+        let coordinator = Coordinator::new(timing);
+        let shared = Arc::new(NodeShared {
+            node_id: NodeId::new(&config.node_id),
+            table: RwLock::new(OwnershipTable::new(config.partition_count())),
+            fence_gate: coordinator.gate(),
+            lease: Mutex::new(coordinator),
+            peers: PeerPool::new(
+                &config.namespace,
+                &config.node_id,
+                config.max_message_size.as_u64() as usize,
+                crate::peer_auth::PeerSecurity::load(&config)?,
+            ),
+            config,
+            runtime,
+            guest: guest_pool.handle().clone(),
+            pubsub: PubSub::default(),
+            tasks: TaskTracker::new(),
+            limbo,
+            clock,
+            arbiter,
+            members: RwLock::new(BTreeMap::new()),
+            peer_addr,
+            leader_term: Mutex::new(None),
+            modules: RwLock::new(HashMap::new()),
+            deploys: crate::deploy::Deploys::default(),
+            fences: Mutex::new(0),
+            observer: self.observer,
+            events: self.events,
+            lease_id: Mutex::new(None),
+            draining: Mutex::new(BTreeSet::new()),
+            unsure: Mutex::new(BTreeMap::new()),
+            handoffs: Mutex::new(HandoffStates::default()),
+            host_bytes: TenantLedgers::new(host_bytes_per_tenant),
+            tenant_cpu,
+            leave_losses: Mutex::new(Vec::new()),
+            moving: tokio::sync::Mutex::new(()),
+            leaving: std::sync::atomic::AtomicBool::new(false),
+            sync_now: tokio::sync::Notify::new(),
+            coordination_crash: std::sync::atomic::AtomicBool::new(false),
+            route_delay_ms: std::sync::atomic::AtomicU64::new(0),
+            fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
+            stop_requested: watch::channel(false).0,
+            cache: Mutex::new(CacheStore::new(
+                cache_max_bytes,
+                cache_tenant_max_bytes,
+                cache_namespace_max_bytes,
+            )),
+            metrics: crate::metrics::Metrics::new(),
+        });
+        // Builder modules go through the module store like any deploy; then
+        // the node loads everything the store has before it joins, so it
+        // never owns a partition without its modules.
+        for (name, wasm, options) in self.modules {
+            shared.deploy_at_start(&name, wasm.into(), options).await?;
+        }
+        if let Err(e) = shared.sync_modules().await {
+            tracing::warn!(node = %shared.node_id, error = %e, "cannot load the stored modules at start; the module follower keeps trying");
+        }
+        let peer_server = peer_listener.map(|listener| {
+            tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
+        });
+        let (ready_tx, mut ready_rx) = watch::channel(false);
+        // The coordination loop runs on a thread of its own, so its timing
+        // does not depend on how busy this runtime is with guest code; what
+        // it starts that must run here goes through `main`.
+        let coordination = {
+            let (shared, main) = (shared.clone(), tokio::runtime::Handle::current());
+            DedicatedRuntime::start("fief-coordinate", move || supervise(shared, ready_tx, main))
+                .map_err(|e| {
+                    Error::Internal(format!("cannot start the coordination thread: {e}"))
+                })?
+        };
+        let ttl = shared.config.lease_ttl;
+        let _ = tokio::time::timeout(ttl, ready_rx.wait_for(|ready| *ready)).await;
+        tracing::info!(node = %shared.node_id, namespace = %shared.config.namespace, "node started");
+        Ok(Instance {
+            shared,
+            coordination: Coordination(coordination),
+            peer_server,
+            _guest_pool: guest_pool,
+        })
+    }
+}
+
+impl Instance {
+    /// Start a node with its own in-process arbiter (the embedded default):
+    /// it is the namespace's only node and owns every partition.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the configuration cannot work.
+    pub async fn start_embedded(config: NodeConfig) -> Result<Instance> {
+        Instance::builder(config).start().await
+    }
+
+    /// A builder, to choose the arbiter, the clock and the peer listener.
+    pub fn builder(config: NodeConfig) -> InstanceBuilder {
+        InstanceBuilder {
+            config,
+            arbiter: None,
+            clock: None,
+            peer_listener: None,
+            observer: None,
+            events: None,
+            modules: Vec::new(),
+        }
+    }
+}

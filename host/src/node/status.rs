@@ -1,0 +1,215 @@
+//! The node's snapshot: [`Status`], as `fief status` and `GET /v1/status`
+//! report it.
+//!
+//! This file owns what a status says (the lease, the table, moves, handoff
+//! states, host memory, CPU, members, keys, cache, topics, modules) and how
+//! it is read from the node's state. It must not change anything it reads.
+
+use std::collections::BTreeSet;
+use std::time::SystemTime;
+
+use fief_core::LeaseStatus;
+use serde::Serialize;
+
+use super::Instance;
+use crate::cache::CacheStats;
+use crate::config::ModuleOptions;
+use crate::key::{ModuleSlot, lock};
+
+/// What `status` reports about the node's lease.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    /// Not granted yet.
+    Pending,
+    /// Current; the node serves.
+    Current,
+    /// Fenced; the node serves nothing.
+    Fenced,
+}
+
+/// A deployed module, as reported by `status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModuleInfo {
+    /// Module name.
+    pub name: String,
+    /// Version number of the version new activations use.
+    pub version: u64,
+    /// Component size in bytes.
+    pub size_bytes: usize,
+    /// Compile time of that version, in milliseconds (the load time when it
+    /// came from the compile cache).
+    pub compile_ms: u128,
+    /// Whether that version was loaded from the compile cache instead of
+    /// being compiled.
+    pub compile_cached: bool,
+    /// SHA-256 of the component, lowercase hex.
+    pub content_hash: String,
+    /// When that version was deployed.
+    #[serde(with = "humantime_serde")]
+    pub deployed_at: SystemTime,
+    /// Live keys of the module on this node.
+    pub live_keys: usize,
+    /// Its options.
+    pub options: ModuleOptions,
+    /// Seconds its keys' guest code has run on this node (in `status`).
+    pub cpu_seconds: f64,
+    /// Seconds its keys have waited because they were over their
+    /// `cpu_budget`, on this node (in `status`).
+    pub throttled_seconds: f64,
+}
+
+/// A live node of the namespace, as `status` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStatus {
+    /// Its id.
+    pub id: String,
+    /// Where its peers reach it.
+    pub peer_addr: Option<String>,
+    /// Whether it leads.
+    pub leader: bool,
+    /// Whether it is leaving.
+    pub leaving: bool,
+    /// Time left on its lease as the arbiter judged it (when last polled).
+    pub lease_remaining_ms: u128,
+    /// Partitions it owns per this node's table.
+    pub partitions: usize,
+}
+
+/// A snapshot of a node, for `fief status` and `GET /v1/status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    /// The namespace.
+    pub namespace: String,
+    /// This node's id.
+    pub node_id: String,
+    /// Lease state.
+    pub lease: LeaseState,
+    /// Time left before the fence point, in milliseconds (0 unless current).
+    pub lease_remaining_ms: u128,
+    /// The lease time-to-live, in milliseconds (for lease bars).
+    pub lease_ttl_ms: u128,
+    /// The leader's term, if this node leads.
+    pub leader_term: Option<u64>,
+    /// Partition table epoch known to this node.
+    pub epoch: u64,
+    /// Partitions in the namespace.
+    pub partitions: u32,
+    /// Partitions this node owns.
+    pub partitions_owned: usize,
+    /// Owned partitions not served for now: being handed off, or waiting
+    /// for a table read to settle a transfer whose outcome is unknown.
+    pub partitions_moving: usize,
+    /// Handoff states waiting here for their keys' next process.
+    pub handoff_states: usize,
+    /// Their bytes.
+    pub handoff_bytes: usize,
+    /// Host memory held for each tenant's keys here (queued messages, timer
+    /// tags, subscriptions, waiting handoff states), with its budget.
+    pub host_bytes: Vec<crate::host_bytes::TenantHostBytes>,
+    /// Each tenant's CPU here since the node started, with its budget.
+    pub tenant_cpu: Vec<crate::cpu_budget::TenantCpuReport>,
+    /// How many times this node has fenced.
+    pub fences: u64,
+    /// Whether the node is leaving the cluster.
+    pub leaving: bool,
+    /// The live nodes of the namespace, as this node last heard from the
+    /// arbiter.
+    pub nodes: Vec<NodeStatus>,
+    /// Live key processes on this node.
+    pub live_keys: usize,
+    /// The coherent cache's counters on this node.
+    pub cache: CacheStats,
+    /// Topics with subscribers on this node.
+    pub topics: usize,
+    /// Deployed modules.
+    pub modules: Vec<ModuleInfo>,
+}
+
+impl Instance {
+    /// A snapshot of the node.
+    pub fn status(&self) -> Status {
+        let shared = &self.shared;
+        let now = shared.clock.now();
+        let lease = shared.lease_status();
+        let rejoining = shared
+            .fenced_this_lease
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let (state, remaining) = match lease {
+            // Between a fence and the next lease grant the node is fenced,
+            // however its fresh (pending) lease reads.
+            LeaseStatus::Pending if rejoining => (LeaseState::Fenced, 0),
+            LeaseStatus::Pending => (LeaseState::Pending, 0),
+            LeaseStatus::Current { fence_point } => (
+                LeaseState::Current,
+                fence_point.saturating_duration_since(now).as_millis(),
+            ),
+            LeaseStatus::Fenced { .. } => (LeaseState::Fenced, 0),
+        };
+        let handoffs = lock(&shared.handoffs).size();
+        let table = shared.table();
+        let mut modules: Vec<ModuleInfo> = shared.slots().iter().map(|s| module_info(s)).collect();
+        for module in &mut modules {
+            (module.cpu_seconds, module.throttled_seconds) =
+                shared.metrics.cpu_seconds(&module.name);
+        }
+        modules.sort_by(|a, b| a.name.cmp(&b.name));
+        Status {
+            namespace: shared.config.namespace.clone(),
+            node_id: shared.node_id.to_string(),
+            lease: state,
+            lease_remaining_ms: remaining,
+            lease_ttl_ms: shared.config.lease_ttl.as_millis(),
+            leader_term: lock(&shared.leader_term).map(|t| t.0),
+            epoch: table.epoch(),
+            partitions: table.partitions().get(),
+            partitions_owned: table.count_owned_by(&shared.node_id),
+            partitions_moving: lock(&shared.draining)
+                .iter()
+                .chain(lock(&shared.unsure).keys())
+                .collect::<BTreeSet<_>>()
+                .len(),
+            handoff_states: handoffs.0,
+            handoff_bytes: handoffs.1,
+            host_bytes: shared.host_bytes.report(),
+            tenant_cpu: shared.tenant_cpu.report(),
+            fences: *lock(&shared.fences),
+            leaving: shared.leaving.load(std::sync::atomic::Ordering::SeqCst),
+            nodes: shared
+                .members
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .map(|m| NodeStatus {
+                    id: m.node.to_string(),
+                    peer_addr: m.peer_addr.clone(),
+                    leader: m.leader,
+                    leaving: m.leaving,
+                    lease_remaining_ms: m.lease_remaining.as_millis(),
+                    partitions: table.count_owned_by(&m.node),
+                })
+                .collect(),
+            live_keys: modules.iter().map(|m| m.live_keys).sum(),
+            cache: shared.cache_stats(),
+            topics: shared.pubsub.topic_count(),
+            modules,
+        }
+    }
+}
+
+pub(crate) fn module_info(slot: &ModuleSlot) -> ModuleInfo {
+    let current = slot.current();
+    ModuleInfo {
+        name: slot.name.to_string(),
+        version: current.version,
+        size_bytes: current.size_bytes,
+        compile_ms: current.compile_time.as_millis(),
+        compile_cached: current.compile_cached,
+        content_hash: current.content_hash.clone(),
+        deployed_at: current.deployed_at,
+        live_keys: slot.live_keys(),
+        options: current.options.clone(),
+        cpu_seconds: 0.0,
+        throttled_seconds: 0.0,
+    }
+}
