@@ -5,7 +5,7 @@
 //! yields at each epoch tick, and a worker that never parks polls its timers
 //! and sockets only between task polls. Whatever must keep time under that
 //! load runs on a [`DedicatedRuntime`] instead: the coordination loop (lease
-//! renewal, the fence timer; `node.rs`) and the PostgreSQL arbiter's
+//! renewal, the fence timer; `node/coordination.rs`) and the PostgreSQL arbiter's
 //! connections and statements (`arbiter/postgres.rs`). A thread that sleeps
 //! most of the time is also what the OS scheduler wakes first when the
 //! cores are busy.

@@ -7,7 +7,7 @@
 //! them waits behind guest code: a worker busy with guest code is never one
 //! of theirs. The one exception is deliberate and bounded: a routed call to
 //! an idle key runs inline on its caller's task for its first slice (see
-//! `key.rs`, `run_inline`); a callback still running at its first epoch
+//! `key/inline.rs`, `run_inline`); a callback still running at its first epoch
 //! tick there is *demoted*: it continues on the key's task, in this pool.
 //!
 //! [`Scheduler`] decides the order in which long callbacks continue. Every
@@ -27,7 +27,7 @@
 //! left behind by a holder that was dropped.
 //!
 //! This module must not decide whether a key may run at all: budgets over
-//! time are [`crate::cpu_budget`]'s, kills and fences `key.rs`'s.
+//! time are [`crate::cpu_budget`]'s, kills and fences `key/`'s.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

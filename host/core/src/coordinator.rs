@@ -7,7 +7,7 @@
 //! carry out: send one [`Request`] to the arbiter, fence, adopt a table,
 //! start graceful moves. It never waits: [`Coordinator::wake_at`] says when
 //! it must be ticked next (the fence point, a request's deadline, the next
-//! renewal). The node's async driver (`host/src/node.rs`) and the
+//! renewal). The node's async driver (`host/src/node/coordination.rs`) and the
 //! deterministic simulation (`sim`) run this same code.
 //!
 //! One round, as in contract §2–§3: renew if due (a refusal fences: the
