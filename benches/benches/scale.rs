@@ -260,8 +260,27 @@ fn kill(report: &mut Report, mode: Mode) {
             .expect("the node serves");
         node
     }));
+    // Raw: the same guest spinning in a task; the killer sets the store's
+    // kill flag and bumps the epoch; until the call returned and the store
+    // is dropped. Sample i of Fief and of raw run back to back, so a burst
+    // of load on the machine lands on both sides alike.
+    let raw = Arc::new(Raw::new(&config, &spin));
+    // Diagnostic: give the baseline Fief's 1 ms epoch ticker too.
+    let ticking = Arc::new(AtomicBool::new(
+        std::env::var_os("FIEF_SCALE_RAW_TICKER").is_some(),
+    ));
+    let ticker = {
+        let (engine, ticking) = (raw.engine().clone(), ticking.clone());
+        std::thread::spawn(move || {
+            while ticking.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+                engine.increment_epoch();
+            }
+        })
+    };
     let mut fief = Vec::new();
     let mut fief_answered = Vec::new();
+    let mut raw_samples = Vec::new();
     for i in 0..samples {
         let key = format!("k{i}");
         let latency = rt.block_on(rt.spawn({
@@ -281,27 +300,6 @@ fn kill(report: &mut Report, mode: Mode) {
         let (ended, answered) = latency.expect("kill sample");
         fief.push(ended);
         fief_answered.push(answered);
-    }
-
-    // Raw: the same guest spinning in a task; the killer sets the store's
-    // kill flag and bumps the epoch; until the call returned and the store
-    // is dropped.
-    let raw = Arc::new(Raw::new(&config, &spin));
-    // Diagnostic: give the baseline Fief's 1 ms epoch ticker too.
-    let ticking = Arc::new(AtomicBool::new(
-        std::env::var_os("FIEF_SCALE_RAW_TICKER").is_some(),
-    ));
-    let ticker = {
-        let (engine, ticking) = (raw.engine().clone(), ticking.clone());
-        std::thread::spawn(move || {
-            while ticking.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(1));
-                engine.increment_epoch();
-            }
-        })
-    };
-    let mut raw_samples = Vec::new();
-    for _ in 0..samples {
         let latency = rt.block_on(rt.spawn({
             let raw = raw.clone();
             async move {

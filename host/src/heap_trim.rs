@@ -8,17 +8,18 @@
 //! thread that looks once a `period` at how many component instances the
 //! engine's pool holds, and when that fell by at least `min_drop` since the
 //! most it held after the last trim, asks the allocator to return its free
-//! pages (`malloc_trim(0)` on glibc; a no-op elsewhere).
+//! pages (`malloc_trim(0)` on glibc; a no-op elsewhere), at most once every
+//! five seconds in one process.
 //!
 //! It runs on a thread of its own: a trim walks the arenas and may take
 //! milliseconds, which must never delay the epoch ticker (kills) or a key.
 //! This module must not free, move or look into anything a key holds: it
 //! only tells the allocator that free memory may go.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::Engine;
 
@@ -29,13 +30,68 @@ pub(crate) const TRIM_PERIOD: Duration = Duration::from_millis(250);
 /// free pages are few, and the next keys reuse them.
 pub(crate) const TRIM_MIN_DROP: u64 = 256;
 
-/// Whether to trim now, and the new high-water mark: `peak` is the most
-/// instances seen since the last trim, `live` how many there are now.
-pub(crate) fn should_trim(peak: u64, live: u64, min_drop: u64) -> (bool, u64) {
-    if peak.saturating_sub(live) >= min_drop {
-        (true, live)
-    } else {
-        (false, peak.max(live))
+/// The least time between two trims in one process (several nodes may share
+/// it): a trim holds each arena's lock while it walks it, so threads that
+/// allocate meanwhile wait; one trim soon after many keys end gives the
+/// memory back, and keys churning all the time do not make it a habit.
+const TRIM_MIN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// When this process last trimmed.
+static LAST_TRIM: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// Whether the process may trim now (none in the last
+/// [`TRIM_MIN_INTERVAL`]); if so, the trim is taken as begun.
+fn may_trim_now(now: Instant) -> bool {
+    let mut last = LAST_TRIM
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.is_some_and(|at| now.saturating_duration_since(at) < TRIM_MIN_INTERVAL) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
+/// Looks in a row a drop may still be under way before the trimmer trims
+/// anyway (keys that keep ending would otherwise put it off for ever).
+const SETTLE_LOOKS: u32 = 4;
+
+/// What the trimmer has seen of the pool's live instances (pure: the
+/// thread feeds it one count per look).
+#[derive(Debug, Default)]
+pub(crate) struct TrimWatch {
+    /// The most instances since the last trim.
+    peak: u64,
+    /// The count at the previous look.
+    last: u64,
+    /// Looks since a large drop was first seen, while it went on.
+    waited: u32,
+}
+
+impl TrimWatch {
+    /// Take in the count of a look: whether a trim is due, that is, the
+    /// count fell by at least `min_drop` from its mark and has stopped
+    /// falling (or kept falling for [`SETTLE_LOOKS`] looks). A trim due is
+    /// done by the caller, who then calls [`trimmed`](Self::trimmed).
+    pub(crate) fn look(&mut self, live: u64, min_drop: u64) -> bool {
+        self.peak = self.peak.max(live);
+        let settled = live == self.last;
+        self.last = live;
+        if self.peak.saturating_sub(live) < min_drop {
+            self.waited = 0;
+            return false;
+        }
+        if settled || self.waited >= SETTLE_LOOKS {
+            return true;
+        }
+        self.waited += 1;
+        false
+    }
+
+    /// The heap was trimmed with `live` instances: the mark restarts there.
+    pub(crate) fn trimmed(&mut self, live: u64) {
+        self.peak = live;
+        self.waited = 0;
     }
 }
 
@@ -66,20 +122,27 @@ impl HeapTrimmer {
             std::thread::Builder::new()
                 .name("fief-heap-trim".to_owned())
                 .spawn(move || {
-                    let mut peak = 0;
+                    let mut watch = TrimWatch::default();
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::park_timeout(period);
                         let live = metrics.component_instances();
-                        let (trim, next) = should_trim(peak, live, min_drop);
-                        peak = next;
-                        if trim {
-                            let started = std::time::Instant::now();
-                            trim_heap();
-                            tracing::debug!(
+                        // A trim put off (another was recent) stays due, and
+                        // happens at the next look allowed.
+                        if !watch.look(live, min_drop) || !may_trim_now(Instant::now()) {
+                            continue;
+                        }
+                        watch.trimmed(live);
+                        let started = Instant::now();
+                        trim_heap();
+                        let took = started.elapsed();
+                        if took > Duration::from_millis(50) {
+                            tracing::info!(
                                 live,
-                                took = ?started.elapsed(),
-                                "many keys ended: host heap trimmed"
+                                ?took,
+                                "many keys ended: host heap trimmed (slowly)"
                             );
+                        } else {
+                            tracing::debug!(live, ?took, "many keys ended: host heap trimmed");
                         }
                     }
                 })
@@ -104,14 +167,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_trim_follows_a_large_drop_and_only_once() {
-        // Keys come: no trim, the mark rises.
-        assert_eq!(should_trim(0, 5000, 1024), (false, 5000));
-        // A few end: under the threshold, the mark stays.
-        assert_eq!(should_trim(5000, 4500, 1024), (false, 5000));
-        // A fence ends most: trim, and the mark restarts from what is left.
-        assert_eq!(should_trim(5000, 100, 1024), (true, 100));
+    fn a_trim_follows_a_large_drop_once_it_settles_and_only_once() {
+        let mut watch = TrimWatch::default();
+        // Keys come: no trim.
+        assert!(!watch.look(5000, 1024));
+        // A few end: under the threshold.
+        assert!(!watch.look(4500, 1024));
+        // A fence: most end, still ending at the next look; then settled.
+        assert!(!watch.look(2000, 1024));
+        assert!(watch.look(2000, 1024) || watch.look(2000, 1024));
+        watch.trimmed(2000);
         // Nothing more ended: no second trim.
-        assert_eq!(should_trim(100, 100, 1024), (false, 100));
+        assert!(!watch.look(2000, 1024));
+        // Keys that keep ending: a trim after SETTLE_LOOKS looks anyway.
+        let mut looks = 0;
+        let mut live = 1900;
+        while !watch.look(live, 100) {
+            looks += 1;
+            live -= 100;
+        }
+        assert_eq!(looks, SETTLE_LOOKS);
     }
 }

@@ -61,13 +61,7 @@ impl Runtime {
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
             .max_memories_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
             .max_tables_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
-            .max_memory_size(config.max_memory_per_key.as_u64() as usize)
-            // A key's fiber stack goes back to the pool zeroed and
-            // decommitted when its store is dropped (a store keeps its stack
-            // between calls, so this costs one `madvise` per key end, none
-            // per call): the next key, perhaps another tenant's, never sees
-            // its bytes, and a fence gives the stacks' memory back.
-            .async_stack_keep_resident(0);
+            .max_memory_size(config.max_memory_per_key.as_u64() as usize);
 
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
@@ -75,7 +69,6 @@ impl Runtime {
             .memory_reservation(config.max_memory_per_key.as_u64())
             .memory_guard_size(MEMORY_GUARD)
             .memory_reservation_for_growth(0)
-            .async_stack_zeroing(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&wasm)
             .map_err(|e| Error::Config(format!("cannot create the wasm engine: {e}")))?;
