@@ -255,6 +255,11 @@ impl TenantCpu {
         let budget = self.budget.as_ref()?;
         lock(budget).wait(self.used_nanos.load(Ordering::Relaxed), now)
     }
+
+    /// Whether the node gives this tenant a budget.
+    pub(crate) fn has_budget(&self) -> bool {
+        self.budget.is_some()
+    }
 }
 
 /// Every tenant's [`TenantCpu`] on one node, made on first use.

@@ -16,8 +16,8 @@
 //! natively. Every name starts with `fief_`; `docs/operations.md` lists them
 //! with what to alert on.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fief_core::RenewalCounts;
@@ -65,6 +65,15 @@ impl CallRoute {
     }
 }
 
+/// One module's call series, indexed by [`CallRoute`] (its discriminant).
+struct CallSeries {
+    ok: [Counter; 3],
+    error: [Counter; 3],
+    seconds: [Histogram; 3],
+    /// Calls served here (local and for peers).
+    served: AtomicU64,
+}
+
 /// A node's counters and histograms (gauges are read at scrape time).
 pub(crate) struct Metrics {
     registry: Registry,
@@ -91,9 +100,10 @@ pub(crate) struct Metrics {
     api_connections: Gauge,
     api_connections_closed: Family<Labels1, Counter>,
     gauges: Gauges,
-    /// Calls served on this node per module (local and for peers), for the
-    /// dashboard's call rates.
-    served: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Each module's call series, looked up once (see [`CallSeries`]), with
+    /// the calls it served here (local and for peers) for the dashboard's
+    /// call rates.
+    call_series: std::sync::RwLock<std::collections::HashMap<String, Arc<CallSeries>>>,
 }
 
 /// Gauges, set from the node's state by [`render`].
@@ -343,7 +353,7 @@ impl Metrics {
             api_connections,
             api_connections_closed,
             gauges,
-            served: Mutex::new(std::collections::BTreeMap::new()),
+            call_series: std::sync::RwLock::new(std::collections::HashMap::new()),
         }
     }
 
@@ -373,21 +383,58 @@ impl Metrics {
     }
 
     /// A call to `module` finished after `elapsed`.
+    ///
+    /// Called on every call: the module's series are made once and then
+    /// found with one read-locked lookup, with no allocation (building the
+    /// label sets each time cost more than the rest of a warm call's
+    /// bookkeeping).
     pub(crate) fn call_done(&self, module: &str, route: CallRoute, ok: bool, elapsed: Duration) {
-        let outcome = if ok { "ok" } else { "error" };
-        self.calls
-            .get_or_create(&[
-                ("module", module.to_owned()),
-                ("route", route.label().to_owned()),
-                ("outcome", outcome.to_owned()),
-            ])
-            .inc();
-        self.call_seconds
-            .get_or_create(&[("route", route.label().to_owned())])
-            .observe(elapsed.as_secs_f64());
+        let series = self.call_series(module);
+        let at = route as usize;
+        let counters = if ok { &series.ok } else { &series.error };
+        counters[at].inc();
+        series.seconds[at].observe(elapsed.as_secs_f64());
         if route != CallRoute::Routed {
-            *lock(&self.served).entry(module.to_owned()).or_default() += 1;
+            series.served.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The call series of `module`, made on first use.
+    fn call_series(&self, module: &str) -> Arc<CallSeries> {
+        if let Some(series) = self
+            .call_series
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(module)
+        {
+            return series.clone();
+        }
+        let routes = [CallRoute::Local, CallRoute::Routed, CallRoute::Peer];
+        let counter = |route: CallRoute, outcome: &str| {
+            self.calls
+                .get_or_create(&[
+                    ("module", module.to_owned()),
+                    ("route", route.label().to_owned()),
+                    ("outcome", outcome.to_owned()),
+                ])
+                .clone()
+        };
+        let series = Arc::new(CallSeries {
+            ok: routes.map(|r| counter(r, "ok")),
+            error: routes.map(|r| counter(r, "error")),
+            seconds: routes.map(|r| {
+                self.call_seconds
+                    .get_or_create(&[("route", r.label().to_owned())])
+                    .clone()
+            }),
+            served: AtomicU64::new(0),
+        });
+        self.call_series
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(module.to_owned())
+            .or_insert(series)
+            .clone()
     }
 
     /// `n` handoff states went through `event` (see the series' help).
@@ -473,7 +520,16 @@ impl Metrics {
 
     /// Calls served on this node so far, per module.
     pub(crate) fn served(&self) -> std::collections::BTreeMap<String, u64> {
-        lock(&self.served).clone()
+        let mut served = std::collections::BTreeMap::new();
+        for (module, series) in self
+            .call_series
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
+            served.insert(module.clone(), series.served.load(Ordering::Relaxed));
+        }
+        served
     }
 }
 

@@ -189,6 +189,17 @@ impl NodeShared {
         lock(&self.lease).status(self.clock.now())
     }
 
+    /// The lease as routing needs it, lock-free like [`may_act`](Self::may_act):
+    /// current until the published fence point, otherwise not (`Pending`
+    /// stands for both "no renewal yet" and "fenced": routing refuses either).
+    /// Routing asks on every call; the coordinator's lock is for its loop.
+    pub(crate) fn gate_status(&self) -> LeaseStatus {
+        match self.fence_gate.current_until() {
+            Some(until) if self.clock.now() < until => LeaseStatus::Current { fence_point: until },
+            _ => LeaseStatus::Pending,
+        }
+    }
+
     /// Renewals the current lease has settled (for the metrics).
     pub(crate) fn renewal_counts(&self) -> fief_core::RenewalCounts {
         lock(&self.lease).renewal_counts()

@@ -25,7 +25,7 @@ impl NodeShared {
     /// Decide where a message for `key` goes, as of now. A partition being
     /// handed off is not served by anyone until the move completes.
     pub(crate) fn route(&self, key: &str) -> Route {
-        let route = self.table().route(&self.node_id, self.lease_status(), key);
+        let route = self.table().route(&self.node_id, self.gate_status(), key);
         match route {
             Route::Local { partition, .. }
                 if lock(&self.draining).contains(&partition)
