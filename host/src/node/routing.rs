@@ -133,13 +133,23 @@ impl NodeShared {
                     message: message.clone(),
                     timeout_ms: timeout.as_millis() as u64,
                 };
-                match self.forward(key, request, timeout).await {
-                    Some(reply) => (reply, crate::metrics::CallRoute::Routed),
-                    None => (
-                        self.call_local(module, key, message, timeout).await,
-                        crate::metrics::CallRoute::Local,
-                    ),
+                // Routed once here: a local call (the common case) goes
+                // straight on with this route; `forward` routes for itself.
+                let here = self.route(key);
+                if matches!(here, Route::Forward { .. })
+                    && let Some(reply) = self.forward(key, request, timeout).await
+                {
+                    return (reply, crate::metrics::CallRoute::Routed);
                 }
+                let here = match here {
+                    // The table changed between the two routes: ask again.
+                    Route::Forward { .. } => self.route(key),
+                    here => here,
+                };
+                (
+                    self.call_local(module, key, message, timeout, here).await,
+                    crate::metrics::CallRoute::Local,
+                )
             },
             span,
         )
@@ -187,17 +197,20 @@ impl NodeShared {
         unreachable!("the loop returns on its second attempt")
     }
 
+    /// Serve a call here, on `route` (this node's routing of `key`, just
+    /// decided).
     async fn call_local(
         self: &Arc<Self>,
         module: &str,
         key: &str,
         message: Vec<u8>,
         timeout: Duration,
+        route: Route,
     ) -> Result<Vec<u8>> {
         validate_key(key)?;
         let slot = self.module(module)?;
         check_module_message(&slot, &message)?;
-        let (partition, token) = match self.route(key) {
+        let (partition, token) = match route {
             Route::Local { partition, token } => (partition, token),
             Route::Forward { owner, .. } => {
                 return Err(Error::NotOwner {
@@ -220,10 +233,7 @@ impl NodeShared {
             Err(_) => return Err(Error::Timeout(timeout)),
             Ok(reply) => reply?,
         };
-        let module_limit = self
-            .module(module)
-            .ok()
-            .and_then(|slot| slot.current().options.max_reply_size);
+        let module_limit = slot.current().options.max_reply_size;
         let limit = module_limit
             .map_or(self.config.max_message_size, |l| {
                 l.min(self.config.max_message_size)
@@ -286,7 +296,7 @@ impl NodeShared {
                     from = "peer"
                 );
                 let reply = tracing::Instrument::instrument(
-                    self.call_local(&module, &key, message, timeout),
+                    self.call_local(&module, &key, message, timeout, self.route(&key)),
                     span,
                 )
                 .await;
