@@ -87,6 +87,7 @@ pub(crate) struct Metrics {
     call_seconds: Family<Labels1, Histogram>,
     compile_seconds: Family<Labels1, Histogram>,
     options_lowered: Family<Labels1, Counter>,
+    coordination_restarts: Counter,
     cache: Family<Labels1, Counter>,
     handoff_states: Family<Labels1, Counter>,
     guest_log_dropped: Family<Labels1, Counter>,
@@ -152,6 +153,7 @@ impl Metrics {
         let compile_seconds =
             Family::<Labels1, Histogram>::new_with_constructor(compile_histogram as fn() -> _);
         let options_lowered = Family::<Labels1, Counter>::default();
+        let coordination_restarts = Counter::default();
         let cache = Family::<Labels1, Counter>::default();
         let handoff_states = Family::<Labels1, Counter>::default();
         let guest_log_dropped = Family::<Labels1, Counter>::default();
@@ -194,6 +196,11 @@ impl Metrics {
             "module_compile_seconds",
             "Time to make a deployed component runnable, by whether it came from the compile cache",
             compile_seconds.clone(),
+        );
+        r.register(
+            "coordination_restarts",
+            "Times the coordination loop crashed and was restarted (the node fenced, then rejoined with a fresh lease)",
+            coordination_restarts.clone(),
         );
         r.register(
             "module_options_lowered",
@@ -342,6 +349,7 @@ impl Metrics {
             call_seconds,
             compile_seconds,
             options_lowered,
+            coordination_restarts,
             cache,
             handoff_states,
             guest_log_dropped,
@@ -355,6 +363,11 @@ impl Metrics {
             gauges,
             call_series: std::sync::RwLock::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// The coordination loop crashed and is being restarted.
+    pub(crate) fn coordination_restart(&self) {
+        self.coordination_restarts.inc();
     }
 
     /// The node fenced for `cause`, giving up a lease that settled

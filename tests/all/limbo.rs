@@ -95,6 +95,52 @@ async fn survivors_outlive_a_coordination_crash() {
     }
 }
 
+/// Issue 18 item 5: a crashed coordination loop is restarted. The loop
+/// panics: the node fences, kills its `terminate` key and keeps its
+/// survivor in limbo; one lease TTL later the loop runs again, the node
+/// rejoins with a fresh lease and serves calls again, and the fence was the
+/// only one. With the loop left dead the node stayed fenced until its
+/// process restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_coordination_loop_is_restarted_and_the_node_serves_again() {
+    let lives = Lives::default();
+    let node = observed_node(rejoining_config(), &lives, &modules()).await;
+    assert_eq!(call_text(&node, "plain", "t", "ping").await, "pong");
+    assert_eq!(call_text(&node, "cache", "c", "ping").await, "pong");
+
+    node.inject_coordination_crash();
+    eventually(PATIENCE, "the node fences", || node.status().fences >= 1).await;
+    eventually(PATIENCE, "the terminate key is killed", || {
+        lives.ended("plain", "t")
+    })
+    .await;
+    assert!(
+        in_limbo(&node, "cache", "c").await.is_some(),
+        "the survivor is in limbo"
+    );
+
+    // Lease TTL 3 s: the loop restarts after it, then the node rejoins.
+    eventually_async(
+        Duration::from_secs(30),
+        "the node serves again after the restart",
+        || async {
+            node.status().lease == LeaseState::Current
+                && node.call("plain", "t", b"ping".to_vec()).await == Ok(b"pong".to_vec())
+        },
+    )
+    .await;
+    assert_eq!(node.status().fences, 1, "the restart fenced only once");
+    assert_eq!(
+        lives.of("plain", "t"),
+        vec![
+            KeyLifeEvent::Started,
+            KeyLifeEvent::Ended,
+            KeyLifeEvent::Started
+        ],
+        "the terminate key was killed at the fence and started afresh after the rejoin"
+    );
+}
+
 /// The page: "Two things do end a survivor early: instance shutdown, and …
 /// a crash of the limbo's own bookkeeper"; contract §3: "survivors die with
 /// instance shutdown". After `shutdown` returns, both survivors' lives have

@@ -197,19 +197,40 @@ pub(super) async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool
             self.0.abort();
         }
     }
-    // A task of the coordination thread's runtime, so that its panic is
-    // caught here.
-    let task = tokio::spawn(coordinate(shared.clone(), ready, main.clone()));
-    let _guard = AbortOnDrop(task.abort_handle());
     // The module follower loads and compiles modules: the node's runtime.
     let follower = main.spawn(crate::deploy::follow_modules(shared.clone()));
     let _follower_guard = AbortOnDrop(follower.abort_handle());
-    let outcome = task.await;
-    if let Err(e) = outcome
-        && e.is_panic()
-    {
-        let _main = main.enter();
-        shared.fence("the coordination loop crashed");
+    loop {
+        // A task of the coordination thread's runtime, so that its panic is
+        // caught here.
+        let task = tokio::spawn(coordinate(shared.clone(), ready.clone(), main.clone()));
+        let guard = AbortOnDrop(task.abort_handle());
+        let outcome = task.await;
+        drop(guard);
+        match outcome {
+            Err(e) if e.is_panic() => {
+                {
+                    let _main = main.enter();
+                    shared.fence("the coordination loop crashed");
+                }
+                // Restart it, and so rejoin with a fresh lease, once the
+                // lease it held has expired at the arbiter: what a restarted
+                // process would do, without losing the survivors in limbo
+                // (they live on as after any fence). A loop that crashes
+                // again waits again: at most one crash per lease TTL.
+                let wait = shared.config.lease_ttl;
+                tracing::error!(
+                    node = %shared.node_id,
+                    restart_in = ?wait,
+                    "the coordination loop crashed: the node fenced; the loop restarts and \
+                     rejoins with a fresh lease"
+                );
+                shared.metrics.coordination_restart();
+                tokio::time::sleep(wait).await;
+            }
+            // The loop ended (a leave) or was cancelled (shutdown).
+            _ => return,
+        }
     }
 }
 
@@ -234,12 +255,13 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>, main: H
     let ns = shared.config.namespace.clone();
     let mut actions = lock(&shared.lease).on_tick(shared.clock.now());
     loop {
-        assert!(
-            !shared
-                .coordination_crash
-                .load(std::sync::atomic::Ordering::SeqCst),
-            "coordination crash injected"
-        );
+        // Fault injection: one crash per injection.
+        if shared
+            .coordination_crash
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("coordination crash injected");
+        }
         let mut request = None;
         for action in std::mem::take(&mut actions) {
             match action {
