@@ -200,7 +200,7 @@ pub mod __private {
     // through raw pointers, `extern "C"` imports and exports) cannot be written
     // without `unsafe`; this module holds that generated code and nothing else,
     // so the allowance stays this narrow.
-    #[allow(unsafe_code)]
+    #[allow(unsafe_code, reason = "wit-bindgen's generated export glue")]
     pub mod bindings {
         wit_bindgen::generate!({
             path: "../wit",

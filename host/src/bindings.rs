@@ -8,7 +8,10 @@
 
 // The generated items mirror the WIT, whose doc comments are the
 // documentation; rustdoc cannot see them on every generated item.
-#![allow(missing_docs)]
+#![allow(
+    missing_docs,
+    reason = "generated from the WIT, whose comments are the docs"
+)]
 
 wasmtime::component::bindgen!({
     path: "../wit",

@@ -72,8 +72,12 @@ impl CompileCache {
     /// The cached compilation of the component with content `hash`, if there
     /// is a usable one. A stale or corrupt entry is removed.
     ///
-    /// The one `unsafe` block of the crate: loading native code.
-    #[allow(unsafe_code)]
+    /// Loading native code: one of the crate's two `unsafe` modules (the
+    /// other is `heap_trim.rs`).
+    #[allow(
+        unsafe_code,
+        reason = "deserializing a compiled artifact from our own cache"
+    )]
     pub(crate) fn load(&self, engine: &Engine, hash: &str) -> Option<Component> {
         let path = self.path_for(hash);
         if !path.exists() {
@@ -151,7 +155,7 @@ impl CompileCache {
 ///
 /// wasmtime's reason when the artifact is not one it made for this engine's
 /// settings and version.
-#[allow(unsafe_code)]
+#[allow(unsafe_code, reason = "deserializing an artifact this engine compiled")]
 pub(crate) fn load_artifact(engine: &Engine, artifact: &[u8]) -> Result<Component, String> {
     // SAFETY: `deserialize` runs the native code in `artifact`, so it must be
     // an artifact wasmtime produced. It is the stdout of the node's own

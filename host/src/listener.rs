@@ -320,7 +320,10 @@ pub(crate) async fn serve(
 }
 
 /// One connection, from its accept to its close.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one connection's limits and handles, passed once at accept"
+)]
 async fn connection(
     stream: TcpStream,
     peer: std::net::SocketAddr,

@@ -84,3 +84,80 @@ fn the_citation_parser_finds_references() {
         vec![("tests/all/x.rs".to_owned(), "a_test".to_owned())]
     );
 }
+
+/// The Rust files of the workspace's own crates (not `target/`).
+fn rust_files() -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut out = Vec::new();
+    let mut dirs: Vec<_> = ["host", "guest-sdk", "tests", "benches", "examples", "fuzz"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if path.is_dir() {
+                if name != "target" && name != ".guest-toolchains" && name != "node_modules" {
+                    dirs.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// House style (issue 18 item 8): every `allow` says why, in its `reason`.
+#[test]
+fn every_allow_gives_its_reason() {
+    let mut bare = Vec::new();
+    for path in rust_files() {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for (at, _) in text.match_indices("allow(") {
+            let before = &text[..at];
+            if !(before.ends_with("#[") || before.ends_with("#![")) {
+                continue;
+            }
+            let attribute = &text[at..text[at..].find(")]").map_or(text.len(), |end| at + end)];
+            if !attribute.contains("reason") {
+                let line = before.matches('\n').count() + 1;
+                bare.push(format!("{}:{line}: #[{attribute})]", path.display()));
+            }
+        }
+    }
+    assert!(
+        bare.is_empty(),
+        "allow attributes without a reason = \"…\":\n{}",
+        bare.join("\n")
+    );
+}
+
+/// House style: every module of the crates' sources starts with a `//!`
+/// header saying what it owns.
+#[test]
+fn every_module_has_a_header() {
+    let missing: Vec<_> = rust_files()
+        .into_iter()
+        .filter(|p| {
+            let s = p.to_string_lossy();
+            s.contains("/src/") && !s.contains("/tests/guests/") && !s.contains("/examples/")
+        })
+        .filter(|p| {
+            !std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .trim_start()
+                .starts_with("//!")
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "modules without a //! header: {missing:#?}"
+    );
+}

@@ -3,7 +3,7 @@
 //! load clients for the HTTP API and for raw TCP, and process statistics.
 //!
 //! Each bench target compiles this module on its own and uses a part of it.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each bench target uses a part of this module")]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -90,7 +90,10 @@ pub(super) async fn run_key(
 }
 
 /// The body of [`run_key`].
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the key task's parts, moved in once from run_key"
+)]
 async fn drive_key(
     node: Arc<NodeShared>,
     slot: Arc<ModuleSlot>,
