@@ -27,6 +27,56 @@ async fn a_key_reads_a_positive_ownership_token() {
     node.shutdown().await;
 }
 
+/// Design.md "Ownership token": the token a key reads strictly increases
+/// each time its partition's ownership changes. One node fences twice and
+/// rejoins each time (every partition is then assigned anew); the key reads
+/// its token before the first fence and after each rejoin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_ownership_token_strictly_increases_when_its_owner_changes() {
+    let config = fief::NodeConfig {
+        lease_ttl: Duration::from_secs(3),
+        renew_interval: Duration::from_millis(500),
+        fence_margin: Duration::from_secs(1),
+        ..fief_tests::test_config()
+    };
+    let node = std::sync::Arc::new(
+        fief_tests::node_with_options(
+            config,
+            &[("probe", guests::PROBE, fief::ModuleOptions::default())],
+        )
+        .await,
+    );
+    // The token, once the node serves the key (after a rejoin, within 30 s).
+    let token = || async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(reply) = node.call("probe", "alice", b"token".to_vec()).await {
+                return String::from_utf8(reply)
+                    .expect("UTF-8")
+                    .parse::<u64>()
+                    .expect("the token is a number");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node did not serve again"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let mut tokens = vec![token().await];
+    for _ in 0..2 {
+        node.fence_now();
+        tokens.push(token().await);
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "the tokens across two owner changes: {tokens:?}"
+    );
+    if let Ok(node) = std::sync::Arc::try_unwrap(node) {
+        node.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn a_timer_fires_with_its_tag() {
     let node = node_with(&[("probe", guests::PROBE)]).await;
