@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Engine;
 
+use crate::error::{Error, Result};
+
 /// How often the trimmer looks.
 pub(crate) const TRIM_PERIOD: Duration = Duration::from_millis(250);
 
@@ -131,7 +133,11 @@ pub(crate) struct HeapTrimmer {
 impl HeapTrimmer {
     /// Start watching `engine`'s instance pool. Without a pooling allocator
     /// there is nothing to watch and no thread is started.
-    pub(crate) fn start(engine: &Engine, period: Duration, min_drop: u64) -> HeapTrimmer {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Internal`] if the OS refuses the thread.
+    pub(crate) fn start(engine: &Engine, period: Duration, min_drop: u64) -> Result<HeapTrimmer> {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = engine.pooling_allocator_metrics().map(|metrics| {
             let stop = stop.clone();
@@ -163,9 +169,11 @@ impl HeapTrimmer {
                         }
                     }
                 })
-                .expect("spawning the heap trimmer thread")
         });
-        HeapTrimmer { stop, thread }
+        let thread = thread
+            .transpose()
+            .map_err(|e| Error::Internal(format!("cannot start the heap trimmer thread: {e}")))?;
+        Ok(HeapTrimmer { stop, thread })
     }
 }
 

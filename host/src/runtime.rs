@@ -86,7 +86,7 @@ impl Runtime {
 
         let scheduler = Arc::new(Scheduler::new(guest_threads(config.guest_threads)));
         let ticker = EpochTicker::start(engine.clone(), scheduler.clone(), config.epoch_tick);
-        let trimmer = HeapTrimmer::start(&engine, TRIM_PERIOD, TRIM_MIN_DROP);
+        let trimmer = HeapTrimmer::start(&engine, TRIM_PERIOD, TRIM_MIN_DROP)?;
         Ok(Runtime {
             engine,
             linker,
