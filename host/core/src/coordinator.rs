@@ -58,6 +58,14 @@ pub enum Request {
     Table,
     /// Write the table as the leader of the term.
     WriteTable(Term, Vec<(PartitionId, Option<NodeId>)>),
+    /// Hand partitions this node owns under the lease to other nodes (a
+    /// graceful move's last step). Sent by [`Membership`](crate::Membership),
+    /// never by the round.
+    Transfer(LeaseId, Vec<(PartitionId, NodeId)>),
+    /// Mark this node as leaving under the lease (the start of a leave).
+    SetLeaving(LeaseId),
+    /// Give the lease up (the end of a leave).
+    Release(LeaseId),
 }
 
 /// The arbiter's answer to a [`Request`].
@@ -71,8 +79,10 @@ pub enum Reply {
     Campaign(Option<Term>),
     /// `LiveNodes`.
     Members(Vec<Member>),
-    /// `Table` or `WriteTable`: the table as it now stands.
+    /// `Table`, `WriteTable` or `Transfer`: the table as it now stands.
     Table(OwnershipTable),
+    /// `SetLeaving` or `Release` succeeded.
+    Done,
     /// The lease has expired at the arbiter.
     LeaseExpired,
     /// Any other failure (unreachable, refused, not the leader).

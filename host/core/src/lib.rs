@@ -20,6 +20,10 @@
 //! - [`assignment`]: the leader's decisions (orphans, graceful moves).
 //! - [`coordinator`]: the coordination loop as a state machine (join, renew,
 //!   lead, follow the table, fence), driven by the node or the simulation.
+//! - [`membership`]: the whole ownership protocol of one node (the
+//!   coordinator's round, table adoption in order, draining and unsure
+//!   partitions, graceful moves, fence, rejoin, leave, the routing view) as
+//!   one state machine the node executes and the simulation drives.
 //! - [`arbiter`]: the embedded arbiter's state (leases on the arbiter's clock,
 //!   terms, table writes), used by the host's local arbiter and the simulation.
 //! - `sim` (tests, or the `sim` feature): the deterministic simulation of a
@@ -32,6 +36,7 @@ pub mod assignment;
 pub mod coordinator;
 pub mod fence;
 pub mod lease;
+pub mod membership;
 pub mod ownership;
 pub mod partition;
 #[cfg(any(test, feature = "sim"))]
@@ -42,6 +47,7 @@ pub use arbiter::{ArbiterState, LeaseId, Member, Term};
 pub use coordinator::Coordinator;
 pub use fence::{FenceBudget, OnFence};
 pub use lease::{FenceGate, Lease, LeaseStatus, LeaseTiming, RenewalCounts, TimingError};
+pub use membership::{Effect, Membership, MembershipConfig, RoutingView};
 pub use ownership::{Assignment, NodeId, OwnershipTable, OwnershipToken, Route, RouteRefusal};
 pub use partition::{PartitionCount, PartitionId};
 pub use time::{Clock, Instant, ManualClock};

@@ -1293,6 +1293,9 @@ impl World {
                 Err(r) => refusal(r),
             },
             Request::LiveNodes => Reply::Members(self.arbiter.live_nodes(now)),
+            Request::Transfer(..) | Request::SetLeaving(_) | Request::Release(_) => {
+                unreachable!("not sent by the round")
+            }
             Request::Table => Reply::Table(self.arbiter.table().clone()),
             Request::WriteTable(term, changes) => {
                 let old = self.arbiter.table().clone();

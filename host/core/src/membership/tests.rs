@@ -1,0 +1,346 @@
+//! Unit tests of the membership state machine: each rule of the module
+//! header, step by step on a hand-driven clock.
+
+use std::time::Duration;
+
+use super::*;
+use crate::partition::PartitionCount;
+
+fn at(ms: u64) -> Instant {
+    Instant::from_origin(Duration::from_millis(ms))
+}
+
+fn member(name: &str, addr: Option<&str>) -> Member {
+    Member {
+        node: NodeId::new(name),
+        peer_addr: addr.map(str::to_owned),
+        leaving: false,
+        leader: false,
+        lease_remaining: Duration::from_secs(5),
+    }
+}
+
+fn round_request(effects: &[Effect]) -> Option<(RequestId, Request)> {
+    effects.iter().find_map(|e| match e {
+        Effect::Arbiter { id, request } => Some((*id, request.clone())),
+        _ => None,
+    })
+}
+
+fn op_request(effects: &[Effect]) -> Option<(OpId, Request)> {
+    effects.iter().find_map(|e| match e {
+        Effect::ArbiterOp { op, request } => Some((*op, request.clone())),
+        _ => None,
+    })
+}
+
+/// A table of 4 partitions: `a` owns 0 and 1, `b` owns 2, `c` owns 3.
+fn table() -> OwnershipTable {
+    let mut t = OwnershipTable::new(PartitionCount::new(4).unwrap());
+    t.reassign([
+        (PartitionId(0), Some(NodeId::new("a"))),
+        (PartitionId(1), Some(NodeId::new("a"))),
+        (PartitionId(2), Some(NodeId::new("b"))),
+        (PartitionId(3), Some(NodeId::new("c"))),
+    ]);
+    t
+}
+
+/// Node `a`, joined under lease 1 at 0 ms, one round done with `members`
+/// and `table` (nothing to reap: a fresh node has no survivors, but the
+/// gained partitions are reaped once all the same).
+fn joined(members: Vec<Member>, table: OwnershipTable) -> Membership {
+    let mut m = Membership::new(MembershipConfig {
+        me: NodeId::new("a"),
+        timing: LeaseTiming::default(), // ttl 5 s, margin 1 s, renew 1 s
+        partitions: table.partitions(),
+        step_timeout: Duration::from_secs(1),
+    });
+    let (id, req) = round_request(&m.on_tick(at(0))).unwrap();
+    assert_eq!(req, Request::Register);
+    let e = m.on_reply(at(1), id, Reply::Registered(LeaseId(1)));
+    assert!(e.contains(&Effect::LeaseGranted(LeaseId(1))));
+    let (id, _) = round_request(&e).unwrap();
+    let (id, _) = round_request(&m.on_reply(at(2), id, Reply::Campaign(None))).unwrap();
+    let e = m.on_reply(at(3), id, Reply::Members(members));
+    assert!(e.contains(&Effect::MembersChanged));
+    let (id, req) = round_request(&e).unwrap();
+    assert_eq!(req, Request::Table);
+    let e = m.on_reply(at(4), id, Reply::Table(table));
+    assert!(e.contains(&Effect::Ready));
+    if let Some(op) = reap_of(&e) {
+        assert!(
+            !e.contains(&Effect::TableChanged),
+            "adopted before the reap"
+        );
+        let e = m.on_reaped(at(5), op);
+        assert!(e.contains(&Effect::TableChanged));
+    }
+    m
+}
+
+fn reap_of(effects: &[Effect]) -> Option<OpId> {
+    effects.iter().find_map(|e| match e {
+        Effect::Reap { op, .. } => Some(*op),
+        _ => None,
+    })
+}
+
+fn local(m: &mut Membership, now: Instant, partition: u32) -> bool {
+    // A key of the partition: find one by the hash.
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| m.table().partitions().of(k) == PartitionId(partition))
+        .unwrap();
+    matches!(m.route(now, &key), Route::Local { .. })
+}
+
+fn three() -> Vec<Member> {
+    vec![
+        member("a", Some("a:1")),
+        member("b", Some("b:1")),
+        member("c", Some("c:1")),
+    ]
+}
+
+#[test]
+fn a_move_drains_stops_hands_transfers_adopts_then_releases_the_drain() {
+    let mut m = joined(three(), table());
+    assert!(local(&mut m, at(10), 0));
+    let e = m.on_move_request(at(10), vec![(PartitionId(0), NodeId::new("b"))]);
+    let Some(Effect::StopForHandoff {
+        op: stop,
+        partitions,
+    }) = e.first().cloned()
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(partitions, BTreeSet::from([PartitionId(0)]));
+    assert!(!local(&mut m, at(11), 0), "drained from the move's start");
+    assert!(local(&mut m, at(11), 1), "other partitions served");
+    let e = m.on_keys_stopped(at(12), stop);
+    let Some(Effect::SendHandoff {
+        op: send,
+        move_id,
+        to,
+        addr,
+        ..
+    }) = e.first().cloned()
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!((move_id, to.as_str(), addr.as_str()), (stop, "b", "b:1"));
+    let e = m.on_peer_done(at(13), send, Ok(()));
+    let (transfer, req) = op_request(&e).unwrap();
+    assert_eq!(
+        req,
+        Request::Transfer(LeaseId(1), vec![(PartitionId(0), NodeId::new("b"))])
+    );
+    let mut after = table();
+    after.hand_over([(PartitionId(0), NodeId::new("b"))]);
+    let e = m.on_op_reply(at(14), transfer, Reply::Table(after.clone()));
+    assert!(e.contains(&Effect::TableChanged));
+    assert!(e.contains(&Effect::MoveEnded {
+        move_id: stop,
+        outcome: MoveOutcome::Handed
+    }));
+    assert!(e.contains(&Effect::Peer {
+        to: NodeId::new("b"),
+        addr: "b:1".to_owned(),
+        message: PeerMessage::Nudge
+    }));
+    assert_eq!(m.table(), &after);
+    assert!(m.view().held().is_empty());
+}
+
+/// The drift the issue found: one target without an address abandoned the
+/// whole request in the node, only that target in the old simulation.
+#[test]
+fn a_target_without_an_address_is_skipped_and_the_others_still_move() {
+    let mut members = three();
+    members[1].peer_addr = None; // b
+    let mut m = joined(members, table());
+    let e = m.on_move_request(
+        at(10),
+        vec![
+            (PartitionId(0), NodeId::new("b")),
+            (PartitionId(1), NodeId::new("c")),
+        ],
+    );
+    let Some(Effect::StopForHandoff { partitions, .. }) = e.first() else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        partitions,
+        &BTreeSet::from([PartitionId(1)]),
+        "c's move goes on"
+    );
+    assert!(local(&mut m, at(11), 0), "b's partition is not drained");
+}
+
+#[test]
+fn a_lost_transfer_answer_leaves_its_partitions_unsure_until_a_later_read() {
+    let mut m = joined(three(), table());
+    let e = m.on_move_request(at(10), vec![(PartitionId(0), NodeId::new("b"))]);
+    let Some(Effect::StopForHandoff { op: stop, .. }) = e.first().cloned() else {
+        panic!()
+    };
+    let Some(Effect::SendHandoff { op: send, .. }) =
+        m.on_keys_stopped(at(11), stop).first().cloned()
+    else {
+        panic!()
+    };
+    let (transfer, _) = op_request(&m.on_peer_done(at(12), send, Ok(()))).unwrap();
+    // No answer within the step timeout (1 s): the transfer is given up.
+    assert_eq!(m.wake_at(), Some(at(12 + 1000)).min(m.wake_at()));
+    let e = m.on_tick(at(1012));
+    assert!(
+        e.contains(&Effect::MoveEnded {
+            move_id: stop,
+            outcome: MoveOutcome::Kept
+        }),
+        "{e:?}"
+    );
+    assert!(!local(&mut m, at(1013), 0), "unsure: not served");
+    // A late answer changes nothing.
+    let mut after = table();
+    after.hand_over([(PartitionId(0), NodeId::new("b"))]);
+    m.on_op_reply(at(1014), transfer, Reply::Table(after.clone()));
+    assert_eq!(m.table(), &table());
+    // The renewal round at 1 s started before the failure: its read does
+    // not settle it. Drive rounds until one sent after 1012 ms answers.
+    let mut settled = false;
+    let mut now = 1015;
+    while now < 3500 && !settled {
+        let e = m.on_tick(at(now));
+        let mut pending = round_request(&e);
+        while let Some((id, req)) = pending {
+            let reply = match req {
+                Request::Table => Reply::Table(table()),
+                Request::LiveNodes => Reply::Members(three()),
+                Request::Campaign(_) => Reply::Campaign(None),
+                _ => Reply::Renewed,
+            };
+            now += 1;
+            pending = round_request(&m.on_reply(at(now), id, reply));
+        }
+        settled = local(&mut m, at(now), 0);
+        now += 100;
+    }
+    assert!(
+        settled,
+        "a later read settles it (the table says it is still ours)"
+    );
+}
+
+#[test]
+fn a_newer_table_is_adopted_only_after_its_gained_partitions_are_reaped() {
+    let mut m = joined(three(), table());
+    // A refresh reads a table that gives `a` partition 3.
+    let (op, e) = m.refresh_table(at(10));
+    let (read, req) = op_request(&e).unwrap();
+    assert_eq!((read, req), (op, Request::Table));
+    let mut newer = table();
+    newer.reassign([(PartitionId(3), Some(NodeId::new("a")))]);
+    let e = m.on_op_reply(at(11), op, Reply::Table(newer.clone()));
+    let Some(Effect::Reap {
+        op: reap,
+        partitions,
+    }) = e.first().cloned()
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(partitions, BTreeSet::from([PartitionId(3)]));
+    assert_eq!(m.table(), &table(), "not adopted before the reap");
+    assert!(!local(&mut m, at(12), 3));
+    let e = m.on_reaped(at(12), reap);
+    assert!(e.contains(&Effect::TableChanged));
+    assert!(e.contains(&Effect::Refreshed { op, changed: true }));
+    assert!(local(&mut m, at(13), 3));
+}
+
+#[test]
+fn a_fence_drops_the_move_the_table_and_pending_adoptions_and_rejoins() {
+    let mut m = joined(three(), table());
+    let e = m.on_move_request(at(10), vec![(PartitionId(0), NodeId::new("b"))]);
+    let Some(Effect::StopForHandoff { op: stop, .. }) = e.first().cloned() else {
+        panic!()
+    };
+    let e = m.fence_now(at(20), FENCE_REQUESTED);
+    assert!(e.contains(&Effect::MoveEnded {
+        move_id: stop,
+        outcome: MoveOutcome::Dropped
+    }));
+    assert!(e.contains(&Effect::Fence {
+        cause: FENCE_REQUESTED
+    }));
+    assert_eq!(round_request(&e).map(|r| r.1), Some(Request::Register));
+    assert_eq!(m.lease_id(), None);
+    assert_eq!(m.view().table().count_owned_by(&NodeId::new("a")), 0);
+    assert!(m.view().held().is_empty());
+    // The stop's late answer starts nothing.
+    assert!(m.on_keys_stopped(at(21), stop).is_empty());
+    // Fenced once per lease: a second request changes nothing.
+    assert!(
+        !m.fence_now(at(22), FENCE_REQUESTED)
+            .iter()
+            .any(|e| matches!(e, Effect::Fence { .. }))
+    );
+}
+
+#[test]
+fn a_leave_waits_for_the_moves_then_fences_the_lease_before_releasing_it() {
+    let mut m = joined(three(), table());
+    let e = m.begin_leave(at(10), Duration::from_secs(3));
+    let (op, req) = op_request(&e).unwrap();
+    assert_eq!(req, Request::SetLeaving(LeaseId(1)));
+    let (op, req) = op_request(&m.on_op_reply(at(11), op, Reply::Done)).unwrap();
+    assert_eq!(req, Request::LiveNodes);
+    let e = m.on_op_reply(at(12), op, Reply::Members(three()));
+    assert!(op_request(&e).is_none(), "waits: a still owns partitions");
+    assert!(m.is_leaving());
+    // The leader moved everything away.
+    let mut gone = table();
+    gone.hand_over([
+        (PartitionId(0), NodeId::new("b")),
+        (PartitionId(1), NodeId::new("c")),
+    ]);
+    let (op, _) = m.refresh_table(at(20));
+    m.on_op_reply(at(21), op, Reply::Table(gone));
+    let e = m.on_tick(at(70));
+    let (op, req) = op_request(&e).unwrap();
+    assert_eq!(req, Request::Release(LeaseId(1)));
+    assert!(
+        !m.gate().current_until().is_some_and(|u| at(70) < u),
+        "fenced before the release"
+    );
+    assert!(m.is_stopped());
+    let e = m.on_op_reply(at(71), op, Reply::Done);
+    assert_eq!(
+        e,
+        vec![Effect::LeaveDone(LeaveOutcome::Left {
+            no_other_node: false
+        })]
+    );
+    assert_eq!(m.wake_at(), None);
+}
+
+#[test]
+fn a_leave_that_cannot_finish_in_time_times_out_and_the_node_stays() {
+    let mut m = joined(three(), table());
+    let (op, _) = op_request(&m.begin_leave(at(10), Duration::from_millis(200))).unwrap();
+    let (op, _) = op_request(&m.on_op_reply(at(11), op, Reply::Done)).unwrap();
+    m.on_op_reply(at(12), op, Reply::Members(three()));
+    let mut now = 12;
+    let mut outcome = None;
+    while outcome.is_none() && now < 1000 {
+        now = m.wake_at().unwrap().since_origin().as_millis() as u64;
+        outcome = m.on_tick(at(now)).into_iter().find_map(|e| match e {
+            Effect::LeaveDone(o) => Some(o),
+            _ => None,
+        });
+    }
+    assert_eq!(outcome, Some(LeaveOutcome::TimedOut));
+    assert!(!m.is_stopped());
+    assert!(local(&mut m, at(now), 0));
+}
