@@ -153,6 +153,11 @@ pub enum Effect {
     Fence {
         /// Why.
         cause: &'static str,
+        /// The fenced lease's renewals (for the metrics).
+        renewals: RenewalCounts,
+        /// The fenced lease's fence point, if it had one: when the node
+        /// stopped acting, if that has passed (say, during a pause).
+        fence_point: Option<Instant>,
     },
     /// The table changed ([`Membership::table`]): kill the keys of
     /// partitions no longer owned, drop what is kept for them.
@@ -721,7 +726,9 @@ impl Membership {
             return;
         }
         self.fenced_this_lease = true;
+        let fence_point = self.coord.fence_point();
         self.coord.fence_now(now);
+        let renewals = self.coord.take_renewal_counts();
         self.lease = None;
         self.leader = None;
         self.unsure.clear();
@@ -740,7 +747,11 @@ impl Membership {
             }
         }
         self.abandon_moves(out);
-        out.push(Effect::Fence { cause });
+        out.push(Effect::Fence {
+            cause,
+            renewals,
+            fence_point,
+        });
     }
 
     /// Publish a new routing view if anything it shows changed.

@@ -271,9 +271,10 @@ fn a_fence_drops_the_move_the_table_and_pending_adoptions_and_rejoins() {
         move_id: stop,
         outcome: MoveOutcome::Dropped
     }));
-    assert!(e.contains(&Effect::Fence {
-        cause: FENCE_REQUESTED
-    }));
+    assert!(
+        e.iter()
+            .any(|e| matches!(e, Effect::Fence { cause, .. } if *cause == FENCE_REQUESTED))
+    );
     assert_eq!(round_request(&e).map(|r| r.1), Some(Request::Register));
     assert_eq!(m.lease_id(), None);
     assert_eq!(m.view().table().count_owned_by(&NodeId::new("a")), 0);
