@@ -1,116 +1,217 @@
-//! The coordination loop and what it carries out.
+//! The node's executor of its ownership protocol, and the coordination loop.
 //!
-//! This file owns the node's driver of `fief_core`'s `Coordinator`: the loop
-//! on its own thread (`supervise`, `coordinate`) that carries the
-//! coordinator's requests to the arbiter one at a time and carries out its
-//! actions; the fence (`fence`: nothing served, every `terminate` key killed,
-//! the table, the cache and waiting handoff states forgotten); and the
-//! adoption of a newer partition table (survivors of gained partitions reaped
-//! first, keys of lost partitions killed). **Invariant: the loop runs on its
-//! own thread**, so guest code cannot delay a renewal or the fence. It must
-//! not decide anything about time or ownership itself (the coordinator does),
-//! nor run guest code on that thread: moves go to the node's runtime
-//! (`moves.rs`).
+//! `fief_core::Membership` decides everything about the lease, the table,
+//! moves, the fence and the leave; this file carries its effects out. Every
+//! input goes through [`NodeShared::apply`]: under the membership's lock it
+//! feeds the input and publishes the routing view and the members for
+//! lock-free readers; then, in emission order (under the `executing` lock,
+//! taken before the membership's is released), it carries out the effects:
+//! arbiter requests and reaps as tasks on the coordination thread, key stops
+//! and handoffs as tasks on the node's runtime (`moves.rs`), the fence
+//! (every `terminate` key killed, survivors to limbo, the cache and waiting
+//! handoff states forgotten) and a table change (keys of lost partitions
+//! killed) at once. Answers come back as further inputs. The coordination
+//! loop (`coordinate`) only ticks the membership at the instant it asks for.
+//! **Invariant: the loop and the arbiter requests run on the coordination
+//! thread**, so guest code cannot delay a renewal or the fence. It must not
+//! decide anything about time or ownership itself (the membership does),
+//! nor run guest code on that thread, nor feed an input while carrying out
+//! an effect (the tasks it spawns do, later).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use fief_core::OwnershipTable;
-use fief_core::coordinator::{Action, Reply, Request, gained_partitions, lost};
+use fief_core::coordinator::{Reply, Request, lost};
+use fief_core::membership::Effect;
+use fief_core::{Instant, Membership, OwnershipTable};
 use tokio::runtime::Handle;
-use tokio::sync::watch;
 
 use super::NodeShared;
-use super::moves::start_moves;
 use crate::arbiter::ArbiterError;
 use crate::dedicated::DedicatedRuntime;
-use crate::error::Result;
 use crate::event_log::NodeEventKind;
 use crate::key::lock;
 
 impl NodeShared {
-    /// Read the table from the arbiter now. Returns whether it changed.
+    /// Feed one input to the membership and carry out the effects it
+    /// returns (see the file header). Callable from any thread, never from
+    /// an effect's execution.
+    pub(crate) fn apply(
+        self: &Arc<Self>,
+        input: impl FnOnce(&mut Membership, Instant) -> Vec<Effect>,
+    ) {
+        self.apply_with(|m, now| ((), input(m, now)));
+    }
+
+    /// As [`apply`](Self::apply), for an input with a result of its own
+    /// (the op id a caller waits on). The result is returned after the
+    /// effects were carried out; register a waiter for it inside `input`.
+    pub(crate) fn apply_with<R>(
+        self: &Arc<Self>,
+        input: impl FnOnce(&mut Membership, Instant) -> (R, Vec<Effect>),
+    ) -> R {
+        let result = self.feed(input);
+        // The next tick may have moved (a request sent, a deadline set).
+        self.wake.notify_one();
+        result
+    }
+
+    /// The body of [`apply_with`](Self::apply_with), without waking the
+    /// coordination loop (which calls it for its own ticks).
+    fn feed<R>(
+        self: &Arc<Self>,
+        input: impl FnOnce(&mut Membership, Instant) -> (R, Vec<Effect>),
+    ) -> R {
+        let mut m = lock(&self.membership);
+        let now = self.clock.now();
+        let (result, effects) = input(&mut m, now);
+        let view = m.view();
+        if !Arc::ptr_eq(&self.view(), &view) {
+            *self
+                .view
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
+        }
+        if effects.iter().any(|e| matches!(e, Effect::MembersChanged)) {
+            *self
+                .members
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = m.members().clone();
+        }
+        let executing = lock(&self.executing);
+        drop(m);
+        for effect in effects {
+            self.execute(effect);
+        }
+        drop(executing);
+        result
+    }
+
+    /// Carry out one effect: at once, or as a task whose end is an input.
+    fn execute(self: &Arc<Self>, effect: Effect) {
+        match effect {
+            Effect::Arbiter { id, request } => {
+                self.ask(request, move |m, now, reply| m.on_reply(now, id, reply))
+            }
+            Effect::ArbiterOp { op, request } => {
+                self.ask(request, move |m, now, reply| m.on_op_reply(now, op, reply))
+            }
+            Effect::Peer { to, addr, message } => self.send_peer(to, addr, message),
+            Effect::StopForHandoff { op, partitions } => self.stop_move(op, partitions),
+            Effect::SendHandoff {
+                op,
+                move_id,
+                to,
+                addr,
+                partitions,
+            } => self.send_handoff(op, move_id, to, addr, partitions),
+            Effect::MoveEnded { move_id, outcome } => self.move_ended(move_id, outcome),
+            Effect::Reap { op, partitions } => {
+                let node = self.clone();
+                self.coordination_handle().spawn(async move {
+                    let reaped = node.limbo.reap(partitions).await;
+                    if reaped > 0 {
+                        tracing::info!(node = %node.node_id, reaped, "survivors reaped: their partitions are initialized again");
+                    }
+                    node.apply(|m, now| m.on_reaped(now, op));
+                });
+            }
+            Effect::LeaseGranted(lease) => {
+                tracing::info!(node = %self.node_id, lease = lease.0, "lease granted");
+                self.report(
+                    std::time::Instant::now(),
+                    NodeEventKind::LeaseGranted { lease: lease.0 },
+                );
+            }
+            Effect::Fence {
+                cause,
+                renewals,
+                fence_point,
+            } => self.fence(cause, renewals, fence_point),
+            Effect::TableChanged => {
+                let table = self.table();
+                self.kill_lost_keys(&table);
+                self.drop_unowned_cache();
+                let stale = lock(&self.handoffs).sweep(&table, &self.node_id);
+                self.handoff_dropped("dropped_stale", &stale);
+            }
+            // Published by `apply_with`, under the membership's lock.
+            Effect::MembersChanged => {}
+            Effect::Refreshed { op, changed } => {
+                if let Some(waiter) = lock(&self.refreshes).remove(&op) {
+                    let _ = waiter.send(changed);
+                }
+            }
+            Effect::LeaveDone(outcome) => {
+                if let Some(waiter) = lock(&self.leave_waiter).take() {
+                    let _ = waiter.send(outcome);
+                }
+            }
+            Effect::Ready => {
+                self.ready.send_replace(true);
+            }
+        }
+    }
+
+    /// The coordination thread's runtime (the node's before it started).
+    fn coordination_handle(&self) -> &Handle {
+        self.coordination_rt.get().unwrap_or(&self.main)
+    }
+
+    /// Send `request` to the arbiter from the coordination thread, and feed
+    /// its answer back with `answer`. The membership times requests out
+    /// itself; the task is bounded too, so a hung connection holds nothing.
+    fn ask(
+        self: &Arc<Self>,
+        request: Request,
+        answer: impl FnOnce(&mut Membership, Instant, Reply) -> Vec<Effect> + Send + 'static,
+    ) {
+        let node = self.clone();
+        let limit = match request {
+            Request::Transfer(..) => self.config.call_timeout,
+            _ => self.config.renew_interval,
+        };
+        self.coordination_handle().spawn(async move {
+            let ns = node.config.namespace.clone();
+            let reply = tokio::time::timeout(limit, ask_arbiter(&node, &ns, request))
+                .await
+                .unwrap_or_else(|_| Reply::Failed("no answer in time".to_owned()));
+            node.apply(|m, now| answer(m, now, reply));
+        });
+    }
+
+    /// Read the table from the arbiter now and adopt it if newer (a
+    /// forwarded call found its owner gone). Returns whether it changed.
     ///
     /// Partitions this node gains are *initialized*: survivors of them still
     /// in limbo are reaped (and gone) before the new table routes anything
     /// to this node, so one node never hosts a survivor and a fresh process
     /// for one key.
-    pub(super) async fn refresh_table(&self) -> bool {
-        let limit = self.config.renew_interval;
-        let lease = *lock(&self.lease_id);
-        let Ok(newer) = bounded(limit, self.arbiter.table(&self.config.namespace)).await else {
-            return false;
-        };
-        // Only under the lease it was read under: a table read across a
-        // fence lists partitions of the old lease.
-        if lease.is_none() || *lock(&self.lease_id) != lease {
-            return false;
-        }
-        self.adopt_table(newer).await
+    pub(super) async fn refresh_table(self: &Arc<Self>) -> bool {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.apply_with(|m, now| {
+            let (op, effects) = m.refresh_table(now);
+            lock(&self.refreshes).insert(op, tx);
+            ((), effects)
+        });
+        let limit = self.config.renew_interval * 2;
+        matches!(tokio::time::timeout(limit, rx).await, Ok(Ok(true)))
     }
 
-    /// Adopt `newer` if it is newer than this node's copy (the decisions
-    /// are `fief_core::coordinator`'s: which partitions are gained, which
-    /// keys are lost). Returns whether it changed.
-    pub(super) async fn adopt_table(&self, newer: OwnershipTable) -> bool {
-        let Some(gained) = gained_partitions(&self.table(), &newer, &self.node_id) else {
-            return false;
-        };
-        if !gained.is_empty() {
-            let reaped = self.limbo.reap(gained).await;
-            if reaped > 0 {
-                tracing::info!(node = %self.node_id, reaped, "survivors reaped: their partitions are initialized again");
-            }
-        }
-        let changed = self
-            .table
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .update_from(&newer);
-        if changed {
-            self.kill_lost_keys(&newer);
-            self.drop_unowned_cache();
-            let stale = lock(&self.handoffs).sweep(&newer, &self.node_id);
-            self.handoff_dropped("dropped_stale", &stale);
-        }
-        changed
-    }
-
-    /// Fence: from now on nothing is served, and every `terminate` key is
-    /// killed. Idempotent.
-    pub(super) fn fence(&self, cause: &str) {
-        // Once per lease: `fence_now` and the loop noticing the fenced lease
-        // are one fence, not two.
-        if self
-            .fenced_this_lease
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            return;
-        }
-        let now = self.clock.now();
-        // For the event log: the instant the node stopped acting, which is
-        // the lease's fence point if that has passed (say, during a pause).
-        let stopped_acting = std::time::Instant::now().checked_sub(
-            lock(&self.lease)
-                .fence_point()
-                .map_or(Duration::ZERO, |p| now.saturating_duration_since(p)),
-        );
-        lock(&self.lease).fence_now(now);
+    /// The fence, as the node carries it out: from now on nothing is
+    /// served (the gate and the routing view say so already), every
+    /// `terminate` key is killed, survivors go to limbo.
+    fn fence(&self, cause: &str, renewals: fief_core::RenewalCounts, fence_point: Option<Instant>) {
         // Running guest code stops now, not after the sweep below (which is
         // O(live keys)): past the fence point the epoch callback interrupts
         // every `terminate` key, flagged or not (key/process.rs, `KeyProcess::start`).
         self.runtime.engine.increment_epoch();
-        let renewals = lock(&self.lease).take_renewal_counts();
+        let now = self.clock.now();
+        // For the event log: the instant the node stopped acting, which is
+        // the lease's fence point if that has passed (say, during a pause).
+        let stopped_acting = std::time::Instant::now()
+            .checked_sub(fence_point.map_or(Duration::ZERO, |p| now.saturating_duration_since(p)));
         self.metrics.fenced(cause, renewals);
-        *lock(&self.leader_term) = None;
-        lock(&self.unsure).clear();
-        // Forget the table: after a rejoin every partition this node gets is
-        // initialized anew (and its survivors reaped first).
-        *self
-            .table
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            OwnershipTable::new(self.config.partition_count());
         let killed: usize = self
             .slots()
             .iter()
@@ -154,7 +255,12 @@ impl NodeShared {
     }
 
     /// Kill keys whose partitions this node no longer owns per `table`.
+    /// Only while the lease is current: once fenced, the fence's sweep
+    /// decides each key's end (survivors go to limbo, not to a kill).
     fn kill_lost_keys(&self, table: &OwnershipTable) {
+        if !self.may_act() {
+            return;
+        }
         let me = &self.node_id;
         let mut killed = 0;
         for slot in self.slots() {
@@ -180,15 +286,17 @@ impl Coordination {
     }
 }
 
-/// Run the coordination loop; if it ever ends or panics, the node fences
-/// (contract §1.3: "its own coordination crashed").
+/// Run the coordination loop; if it ever panics, the node fences (contract
+/// §1.3: "its own coordination crashed") and the loop starts again, so the
+/// node rejoins with a fresh lease once its old one has expired at the
+/// arbiter (which refuses a second lease for one node until then).
 ///
 /// This is the root of the coordination thread (a [`DedicatedRuntime`],
 /// started by [`InstanceBuilder::start`](super::InstanceBuilder::start));
 /// `main` is the node's runtime, for the work the loop starts that belongs
 /// there. Stopping the thread drops this future, which aborts the loop and
 /// the follower.
-pub(super) async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool>, main: Handle) {
+pub(super) async fn supervise(shared: Arc<NodeShared>, main: Handle) {
     /// Aborts the coordination task when the supervisor is dropped or
     /// aborted (shutdown, leave), so the two never outlive each other.
     struct AbortOnDrop(tokio::task::AbortHandle);
@@ -197,13 +305,14 @@ pub(super) async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool
             self.0.abort();
         }
     }
+    let _ = shared.coordination_rt.set(Handle::current());
     // The module follower loads and compiles modules: the node's runtime.
     let follower = main.spawn(crate::deploy::follow_modules(shared.clone()));
     let _follower_guard = AbortOnDrop(follower.abort_handle());
     loop {
         // A task of the coordination thread's runtime, so that its panic is
         // caught here.
-        let task = tokio::spawn(coordinate(shared.clone(), ready.clone(), main.clone()));
+        let task = tokio::spawn(coordinate(shared.clone()));
         let guard = AbortOnDrop(task.abort_handle());
         let outcome = task.await;
         drop(guard);
@@ -211,49 +320,33 @@ pub(super) async fn supervise(shared: Arc<NodeShared>, ready: watch::Sender<bool
             Err(e) if e.is_panic() => {
                 {
                     let _main = main.enter();
-                    shared.fence("the coordination loop crashed");
+                    shared.apply(|m, now| m.fence_now(now, "the coordination loop crashed"));
                 }
-                // Restart it, and so rejoin with a fresh lease, once the
-                // lease it held has expired at the arbiter: what a restarted
-                // process would do, without losing the survivors in limbo
-                // (they live on as after any fence). A loop that crashes
-                // again waits again: at most one crash per lease TTL.
-                let wait = shared.config.lease_ttl;
+                // Survivors live on in limbo, as after any fence. A loop
+                // that crashes again waits again: at most one crash per
+                // renewal interval.
+                let wait = shared.config.renew_interval;
                 tracing::error!(
                     node = %shared.node_id,
                     restart_in = ?wait,
                     "the coordination loop crashed: the node fenced; the loop restarts and \
-                     rejoins with a fresh lease"
+                     rejoins with a fresh lease once the old one has expired"
                 );
                 shared.metrics.coordination_restart();
                 tokio::time::sleep(wait).await;
             }
-            // The loop ended (a leave) or was cancelled (shutdown).
+            // The loop was cancelled (shutdown, leave).
             _ => return,
         }
     }
 }
 
-/// The coordination loop: a thin driver of `fief_core`'s
-/// [`Coordinator`](fief_core::Coordinator).
-/// It carries out the coordinator's actions (one arbiter request at a
-/// time, fences, table adoption, graceful moves) and ticks it at the
-/// instant it asks for (the fence point, a request's deadline, the next
-/// renewal). Every decision — when to renew, when to fence, what the
-/// leader writes, which partitions move — is the coordinator's, so the
-/// deterministic simulation (`fief_core::sim`) checks the code that runs
-/// here.
-///
-/// It runs on the coordination thread, so its sleeps (the fence point, the
-/// next renewal, a request's deadline) and its arbiter requests are not
-/// queued behind guest code. It spawns nothing there: graceful moves go to
-/// the node's runtime (`main`), and the fence, which spawns the timers of
-/// `callback` keys' deadlines, runs in `main`'s context. A table adoption
-/// runs here (it must lose the race with the fence point, as below); it only
-/// waits for the node's runtime (limbo's bookkeeper, reaped keys' ends).
-async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>, main: Handle) {
-    let ns = shared.config.namespace.clone();
-    let mut actions = lock(&shared.lease).on_tick(shared.clock.now());
+/// The coordination loop: ticks the membership at the instant it asks for
+/// (the fence point, a request's deadline, the next renewal, a leave's next
+/// look), or sooner when an input moved that instant. Every decision is the
+/// membership's, so the deterministic simulation (`fief_core::sim`) checks
+/// the code that runs here.
+async fn coordinate(shared: Arc<NodeShared>) {
     loop {
         // Fault injection: one crash per injection.
         if shared
@@ -262,81 +355,23 @@ async fn coordinate(shared: Arc<NodeShared>, ready: watch::Sender<bool>, main: H
         {
             panic!("coordination crash injected");
         }
-        let mut request = None;
-        for action in std::mem::take(&mut actions) {
-            match action {
-                Action::Send { id, request: r } => request = Some((id, r)),
-                Action::LeaseGranted(id) => {
-                    *lock(&shared.lease_id) = Some(id);
-                    shared
-                        .fenced_this_lease
-                        .store(false, std::sync::atomic::Ordering::SeqCst);
-                    tracing::info!(node = %shared.node_id, lease = id.0, "lease granted");
-                    shared.report(
-                        std::time::Instant::now(),
-                        NodeEventKind::LeaseGranted { lease: id.0 },
-                    );
-                }
-                Action::Fence { cause } => {
-                    {
-                        let _main = main.enter();
-                        shared.fence(cause);
-                    }
-                    *lock(&shared.lease_id) = None;
-                }
-                Action::Leader(term) => *lock(&shared.leader_term) = term,
-                Action::Members(members) => {
-                    *shared
-                        .members
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                        members.into_iter().map(|m| (m.node.clone(), m)).collect();
-                }
-                Action::AdoptTable { table, asked_at } => {
-                    // Adoption may reap survivors; it races the fence too.
-                    let fence_point = lock(&shared.lease).fence_point();
-                    let fence_point = fence_point.unwrap_or(fief_core::Instant::ZERO);
-                    tokio::select! {
-                        biased;
-                        () = shared.clock.sleep_until(fence_point) => {}
-                        _ = shared.adopt_table(table) => {}
-                    }
-                    // A read sent after a transfer failed settles it.
-                    lock(&shared.unsure).retain(|_, failed| *failed >= asked_at);
-                }
-                Action::StartMoves(by_owner) => start_moves(&shared, &main, by_owner),
-                Action::Ready => {
-                    ready.send_replace(true);
-                }
-            }
-        }
-        let wake = lock(&shared.lease).wake_at();
-        actions = match request {
-            Some((id, request)) => {
-                let reply = tokio::select! {
-                    biased;
-                    () = shared.clock.sleep_until(wake) => None,
-                    reply = ask_arbiter(&shared, &ns, request) => Some(reply),
-                };
-                let now = shared.clock.now();
-                match reply {
-                    Some(reply) => lock(&shared.lease).on_reply(now, id, reply),
-                    None => lock(&shared.lease).on_tick(now),
-                }
-            }
-            None => {
+        shared.feed(|m, now| ((), m.on_tick(now)));
+        let wake = lock(&shared.membership).wake_at();
+        match wake {
+            Some(wake) => {
                 tokio::select! {
+                    biased;
                     () = shared.clock.sleep_until(wake) => {}
-                    () = shared.sync_now.notified() => lock(&shared.lease).nudge(),
+                    () = shared.wake.notified() => {}
                 }
-                lock(&shared.lease).on_tick(shared.clock.now())
             }
-        };
+            None => shared.wake.notified().await,
+        }
     }
 }
 
-/// Carry one coordinator request to the arbiter; its answer as the
-/// coordinator reads it. (The coordinator bounds the wait.)
+/// Carry one membership request to the arbiter; its answer as the
+/// membership reads it.
 async fn ask_arbiter(shared: &NodeShared, ns: &str, request: Request) -> Reply {
     let arbiter = &shared.arbiter;
     let node = &shared.node_id;
@@ -384,15 +419,21 @@ async fn ask_arbiter(shared: &NodeShared, ns: &str, request: Request) -> Reply {
                 failed("writing the table", e)
             }
         },
+        Request::Transfer(lease, changes) => match arbiter.transfer(ns, node, lease, changes).await
+        {
+            Ok(table) => Reply::Table(table),
+            Err(e) => {
+                tracing::warn!(node = %node, error = %e, "the arbiter refused the handoff");
+                failed("transferring partitions", e)
+            }
+        },
+        Request::SetLeaving(lease) => match arbiter.set_leaving(ns, node, lease).await {
+            Ok(()) => Reply::Done,
+            Err(e) => failed("marking the node as leaving", e),
+        },
+        Request::Release(lease) => match arbiter.release(ns, node, lease).await {
+            Ok(()) => Reply::Done,
+            Err(e) => failed("releasing the lease", e),
+        },
     }
-}
-
-/// Wait for an arbiter answer at most `limit`.
-pub(super) async fn bounded<T>(
-    limit: Duration,
-    f: crate::arbiter::ArbiterFuture<'_, T>,
-) -> Result<T, ArbiterError> {
-    tokio::time::timeout(limit, f)
-        .await
-        .unwrap_or_else(|_| Err(ArbiterError::Unreachable("no answer in time".to_owned())))
 }

@@ -36,16 +36,17 @@ mod routing;
 mod start;
 mod status;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use fief_core::{Coordinator, LeaseStatus, NodeId, OwnershipTable, PartitionId};
+use fief_core::membership::{LeaveOutcome, OpId};
+use fief_core::{LeaseStatus, Membership, NodeId, OwnershipTable, RoutingView};
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 
-use crate::arbiter::{ANONYMOUS, Arbiter, LeaseId, Member, Term};
+use crate::arbiter::{ANONYMOUS, Arbiter, Member};
 use crate::bindings::types::StopReason;
 use crate::cache::{Cache, CacheStore};
 use crate::clock::NodeClock;
@@ -59,7 +60,7 @@ use crate::limbo::{Limbo, LimboEntry};
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
 use crate::scheduler::GuestPool;
-use crate::transport::PeerPool;
+use crate::transport::{HandoffEntry, PeerPool};
 
 use coordination::Coordination;
 pub use moves::LeaveReport;
@@ -81,18 +82,38 @@ pub(crate) struct NodeShared {
     pub(crate) limbo: Limbo,
     pub(crate) clock: Arc<dyn NodeClock>,
     pub(crate) arbiter: Arc<dyn Arbiter>,
-    /// Live members as the arbiter last reported them.
+    /// Live members as the membership last reported them, published for
+    /// readers that must not wait for its lock (forwarding, deploys).
     pub(crate) members: RwLock<BTreeMap<NodeId, Member>>,
     pub(crate) peers: PeerPool,
     peer_addr: Option<String>,
-    /// The coordination state machine: the lease (routing reads its status)
-    /// and the coordination round in progress.
-    lease: Mutex<Coordinator>,
-    /// The lease's fence point as the coordinator publishes it, read by the
-    /// side-effect gate without taking `lease`'s lock.
+    /// The ownership protocol (`fief_core::Membership`): the lease and the
+    /// round, the table, drains, moves, the fence, the leave. Every change
+    /// goes through `NodeShared::apply` (coordination.rs), which publishes
+    /// `view` and `members` under this lock and carries out the effects.
+    membership: Mutex<Membership>,
+    /// The lease's fence point as the membership publishes it, read by the
+    /// side-effect gate and routing without taking `membership`'s lock.
     fence_gate: Arc<fief_core::FenceGate>,
-    leader_term: Mutex<Option<Term>>,
-    table: RwLock<OwnershipTable>,
+    /// The routing view (table and held partitions) as last published.
+    view: RwLock<Arc<RoutingView>>,
+    /// Held while effects are carried out, taken before `membership` is
+    /// released: effects run in the order the membership emitted them.
+    executing: Mutex<()>,
+    /// Handoff states collected by a move out, until it ends.
+    move_states: Mutex<HashMap<OpId, Vec<HandoffEntry>>>,
+    /// Callers waiting for a table refresh, by its op.
+    refreshes: Mutex<HashMap<OpId, oneshot::Sender<bool>>>,
+    /// The caller of a leave in progress, waiting for its outcome.
+    leave_waiter: Mutex<Option<oneshot::Sender<LeaveOutcome>>>,
+    /// Wakes the coordination loop: an input may have moved its next tick.
+    wake: tokio::sync::Notify,
+    /// The node's runtime (key stops and handoffs run there) and the
+    /// coordination thread's (arbiter requests and reaps), once started.
+    main: Handle,
+    coordination_rt: std::sync::OnceLock<Handle>,
+    /// Set once the first round finished.
+    ready: watch::Sender<bool>,
     pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
     /// Cluster-wide deploys: the module follower's bookkeeping.
     pub(crate) deploys: crate::deploy::Deploys,
@@ -101,13 +122,6 @@ pub(crate) struct NodeShared {
     /// Receives leases granted, fences and routed messages processed (the
     /// event log).
     events: Option<NodeEventObserver>,
-    /// The current lease's id at the arbiter, once joined.
-    lease_id: Mutex<Option<LeaseId>>,
-    /// Partitions being handed off: owned, but not served.
-    draining: Mutex<BTreeSet<PartitionId>>,
-    /// Partitions whose transfer failed with its outcome unknown, with when
-    /// it failed: not served until a table read sent later settles them.
-    unsure: Mutex<BTreeMap<PartitionId, fief_core::Instant>>,
     /// Handoff states waiting for their keys' next process here: received
     /// from a previous owner, or kept after a move out failed.
     handoffs: Mutex<HandoffStates>,
@@ -117,14 +131,6 @@ pub(crate) struct NodeShared {
     pub(crate) tenant_cpu: crate::cpu_budget::TenantCpuMeters,
     /// States a leave in progress could not hand on, for its report.
     leave_losses: Mutex<Vec<LostState>>,
-    /// Serializes graceful moves out of this node.
-    moving: tokio::sync::Mutex<()>,
-    /// Set by `leave`: the node hands off everything and takes nothing.
-    pub(crate) leaving: std::sync::atomic::AtomicBool,
-    /// Wakes the coordination loop to refresh the table now.
-    sync_now: tokio::sync::Notify,
-    /// Whether the current lease has been fenced (reset on join).
-    fenced_this_lease: std::sync::atomic::AtomicBool,
     /// Fault injection: the coordination loop panics when it sees this.
     coordination_crash: std::sync::atomic::AtomicBool,
     /// Fault injection: milliseconds every call waits between its routing
@@ -137,6 +143,16 @@ pub(crate) struct NodeShared {
     pub(crate) cache: Mutex<CacheStore>,
     /// Counters and histograms for `GET /metrics`.
     pub(crate) metrics: crate::metrics::Metrics,
+}
+
+/// The table of a published [`RoutingView`], held by its `Arc`.
+pub(crate) struct TableRef(Arc<RoutingView>);
+
+impl std::ops::Deref for TableRef {
+    type Target = OwnershipTable;
+    fn deref(&self) -> &OwnershipTable {
+        self.0.table()
+    }
 }
 
 /// Receives every key process's start and end (see [`KeyLife`]).
@@ -185,10 +201,6 @@ impl NodeShared {
         until.is_some_and(|until| self.clock.now() < until)
     }
 
-    fn lease_status(&self) -> LeaseStatus {
-        lock(&self.lease).status(self.clock.now())
-    }
-
     /// The lease as routing needs it, lock-free like [`may_act`](Self::may_act):
     /// current until the published fence point, otherwise not (`Pending`
     /// stands for both "no renewal yet" and "fenced": routing refuses either).
@@ -202,13 +214,21 @@ impl NodeShared {
 
     /// Renewals the current lease has settled (for the metrics).
     pub(crate) fn renewal_counts(&self) -> fief_core::RenewalCounts {
-        lock(&self.lease).renewal_counts()
+        lock(&self.membership).renewal_counts()
     }
 
-    pub(crate) fn table(&self) -> std::sync::RwLockReadGuard<'_, OwnershipTable> {
-        self.table
+    /// The routing view as last published: the table, and the partitions
+    /// held back (draining or unsure).
+    pub(crate) fn view(&self) -> Arc<RoutingView> {
+        self.view
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The table as last published.
+    pub(crate) fn table(&self) -> TableRef {
+        TableRef(self.view())
     }
 
     pub(crate) fn module(&self, name: &str) -> Result<Arc<ModuleSlot>> {
@@ -369,7 +389,8 @@ impl Instance {
     /// Fence the node now, as if its lease could not be renewed: every
     /// `terminate` key is killed and nothing is served until it rejoins.
     pub fn fence_now(&self) {
-        self.shared.fence("requested");
+        self.shared
+            .apply(|m, now| m.fence_now(now, fief_core::membership::FENCE_REQUESTED));
     }
 
     /// The survivors in this node's limbo (`continue`/`callback` keys that
@@ -430,7 +451,7 @@ impl Instance {
         self.shared
             .coordination_crash
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.shared.sync_now.notify_one();
+        self.shared.wake.notify_one();
     }
 
     /// Make every call served here wait `delay` between its routing decision

@@ -1,25 +1,24 @@
-//! Graceful moves: handing partitions and their keys' states to other nodes.
+//! Graceful moves and leave, as the node carries them out.
 //!
-//! This file owns a move out of this node (`move_out`, one at a time): stop
-//! routing the partitions, stop their keys with `handoff`, send the states to
-//! the target in frames, transfer the partitions at the arbiter, and keep the
-//! states here if a step fails. Also the leader's requests to the owners to
-//! move (`start_moves`), the bookkeeping of dropped handoff states, and a
-//! graceful [`Instance::leave`]. It must not decide which partitions move (the
-//! core's coordinator does); a partition it drains is refused by routing
-//! until the move has ended.
+//! The steps and what a failure means are `fief_core::Membership`'s (its
+//! `moves` and `leave` modules); this file does what they name: stop the
+//! keys of partitions being handed off with `handoff` and keep their states
+//! under the move's id (`stop_move`), send those states (and any waiting
+//! here for keys of the partitions) to the target in frames
+//! (`send_handoff`), hand, keep or drop them when the move ends
+//! (`move_ended`), send a leader's move request or a nudge to a peer
+//! (`send_peer`), and run a graceful [`Instance::leave`]. It must not decide
+//! which partitions move, in which order, or what a failed step means.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fief_core::membership::{LeaveOutcome, MoveOutcome, OpId, PeerMessage};
 use fief_core::{NodeId, PartitionId};
 use serde::Serialize;
-use tokio::runtime::Handle;
 
-use super::coordination::bounded;
 use super::{Instance, NodeShared};
-use crate::arbiter::ArbiterError;
 use crate::bindings::types::StopReason;
 use crate::config::ModuleOptions;
 use crate::error::{Error, Result};
@@ -122,106 +121,106 @@ impl NodeShared {
         (entries, lost)
     }
 
-    /// Graceful move out: hand `moves` (partitions this node owns) to their
-    /// targets. Per target: stop routing the partitions, stop their keys with
-    /// `handoff`, send the states to the target, then give the partitions
-    /// away at the arbiter. If a step fails the partitions stay here and the
-    /// states are kept for the keys' next activation.
-    pub(crate) async fn move_out(
+    /// Stop the keys of a move's partitions and keep their states under
+    /// the move's id; the membership hears of it when none is live.
+    pub(super) fn stop_move(self: &Arc<Self>, op: OpId, partitions: BTreeSet<PartitionId>) {
+        let node = self.clone();
+        self.main.spawn(async move {
+            let (entries, lost) = node.stop_for_handoff(&partitions).await;
+            if lock(&node.membership).is_leaving() {
+                lock(&node.leave_losses).extend(lost);
+            }
+            lock(&node.move_states).insert(op, entries);
+            node.apply(|m, now| m.on_keys_stopped(now, op));
+        });
+    }
+
+    /// Send the states of move `move_id`, and those waiting here for keys
+    /// of `partitions` (not activated since they came, or kept after a
+    /// failed move), to `to` in frames under the peer frame limit.
+    pub(super) fn send_handoff(
         self: &Arc<Self>,
-        moves: Vec<(PartitionId, NodeId)>,
-    ) -> Result<()> {
-        let _one_at_a_time = self.moving.lock().await;
-        let lease = (*lock(&self.lease_id)).ok_or(Error::Fenced)?;
-        let mut by_target: BTreeMap<NodeId, BTreeSet<PartitionId>> = BTreeMap::new();
-        {
-            let table = self.table();
-            for (partition, to) in moves {
-                let mine = table
-                    .owner(partition)
-                    .is_some_and(|a| a.node == self.node_id);
-                if mine && to != self.node_id {
-                    by_target.entry(to).or_default().insert(partition);
+        op: OpId,
+        move_id: OpId,
+        to: NodeId,
+        addr: String,
+        partitions: BTreeSet<PartitionId>,
+    ) {
+        let node = self.clone();
+        self.main.spawn(async move {
+            let entries = {
+                let waiting = {
+                    let table = node.table();
+                    lock(&node.handoffs).take_partitions(&partitions, &table, &node.node_id)
+                };
+                let mut states = lock(&node.move_states);
+                let entries = states.entry(move_id).or_default();
+                entries.extend(waiting);
+                entries.clone()
+            };
+            // A frame holds a state of up to `max_message_size` with its
+            // names: however many states, none is too large to send (each is
+            // at most the module's max_handoff_size, at most max_message_size).
+            let budget = node.config.max_message_size.as_u64() as usize
+                + crate::transport::FRAME_OVERHEAD / 2;
+            let limit = node.config.call_timeout;
+            let mut result = Ok(());
+            for batch in crate::handoff::batches(entries, budget) {
+                let request = PeerRequest::Handoff { entries: batch };
+                if let Err(e) = node.peers.request(&addr, request, limit).await {
+                    tracing::warn!(node = %node.node_id, to = %to, error = %e, "handoff failed; keeping the partitions");
+                    result = Err(e.to_string());
+                    break;
                 }
+            }
+            node.apply(|m, now| m.on_peer_done(now, op, result));
+        });
+    }
+
+    /// A move ended: its states went with the partitions, stay here for
+    /// the keys' next process, or die with the ownership they were for.
+    pub(super) fn move_ended(&self, move_id: OpId, outcome: MoveOutcome) {
+        let entries = lock(&self.move_states).remove(&move_id).unwrap_or_default();
+        match outcome {
+            MoveOutcome::Handed => {
+                tracing::info!(node = %self.node_id, keys = entries.len(), "partitions handed off");
+                self.metrics.handoff_states("sent", entries.len());
+            }
+            MoveOutcome::Kept => {
+                // If the transfer did commit after all, the table will show
+                // them stale here, and the target has its copies.
+                self.metrics.handoff_states("kept", entries.len());
+                lock(&self.handoffs).keep(entries, &self.host_bytes);
+            }
+            MoveOutcome::Dropped => {
+                if !entries.is_empty() {
+                    tracing::warn!(node = %self.node_id, dropped = entries.len(), "a move's handoff states were dropped by the fence");
+                }
+                self.metrics.handoff_states("dropped_fence", entries.len());
             }
         }
-        let ns = &self.config.namespace;
-        let limit = self.config.call_timeout;
-        // A frame holds a state of up to `max_message_size` with its names.
-        let budget =
-            self.config.max_message_size.as_u64() as usize + crate::transport::FRAME_OVERHEAD / 2;
-        for (to, partitions) in by_target {
-            let addr = self.peer_addr_of(&to)?;
-            lock(&self.draining).extend(partitions.iter().copied());
-            let (mut entries, lost) = self.stop_for_handoff(&partitions).await;
-            // States that wait here for keys not activated since they came
-            // (or since a move failed) travel too.
-            entries.extend({
-                let table = self.table();
-                lock(&self.handoffs).take_partitions(&partitions, &table, &self.node_id)
-            });
-            if self.leaving.load(std::sync::atomic::Ordering::SeqCst) {
-                lock(&self.leave_losses).extend(lost);
+    }
+
+    /// Send a leader's move request or a nudge to a peer; a failure is
+    /// only logged (the leader asks again next round; a missed nudge is a
+    /// later table read).
+    pub(super) fn send_peer(self: &Arc<Self>, to: NodeId, addr: String, message: PeerMessage) {
+        let node = self.clone();
+        self.main.spawn(async move {
+            let request = match message {
+                PeerMessage::Move(moves) => PeerRequest::Move {
+                    moves: moves
+                        .into_iter()
+                        .map(|(p, to)| (p.0, to.to_string()))
+                        .collect(),
+                },
+                PeerMessage::Nudge => PeerRequest::Nudge,
+            };
+            let limit = node.config.call_timeout;
+            if let Err(e) = node.peers.request(&addr, request, limit).await {
+                tracing::debug!(node = %node.node_id, %to, error = %e, "a message to a peer failed");
             }
-            // Once the transfer is sent, a failure leaves its outcome
-            // unknown: the arbiter may have committed it, its answer lost.
-            let mut transfer_sent = false;
-            let handed = async {
-                // In frames under the peer frame limit: however many states,
-                // none is too large to send (each is at most the module's
-                // max_handoff_size, at most max_message_size).
-                for batch in crate::handoff::batches(entries.clone(), budget) {
-                    let request = PeerRequest::Handoff { entries: batch };
-                    self.peers.request(&addr, request, limit).await?;
-                }
-                transfer_sent = true;
-                let changes = partitions.iter().map(|p| (*p, to.clone())).collect();
-                bounded(
-                    limit,
-                    self.arbiter.transfer(ns, &self.node_id, lease, changes),
-                )
-                .await
-                .map_err(|e| Error::Internal(format!("the arbiter refused the handoff: {e}")))
-            }
-            .await;
-            match handed {
-                Ok(table) => {
-                    // Adopted only under the lease the move was made under
-                    // (after a fence, and maybe a rejoin, it is not this
-                    // node's table), and like any adoption: survivors of
-                    // partitions it gains are reaped first (found by the
-                    // simulation).
-                    if *lock(&self.lease_id) == Some(lease) {
-                        self.adopt_table(table).await;
-                    }
-                    self.metrics.handoff_states("sent", entries.len());
-                    tracing::info!(node = %self.node_id, to = %to, partitions = partitions.len(), keys = entries.len(), "partitions handed off");
-                    let _ = self.peers.request(&addr, PeerRequest::Nudge, limit).await;
-                }
-                Err(e) => {
-                    tracing::warn!(node = %self.node_id, to = %to, error = %e, "handoff failed; keeping the partitions");
-                    if transfer_sent {
-                        // Not served again until a table read sent after
-                        // now says whose they are (found by the simulation:
-                        // serving them at once double-owns them when the
-                        // transfer did commit).
-                        let now = self.clock.now();
-                        lock(&self.unsure).extend(partitions.iter().map(|p| (*p, now)));
-                    }
-                    // Kept for this node's ownership: the keys' next process
-                    // here takes them, or the next move carries them on. If
-                    // the transfer did commit, the table will show them stale
-                    // here, and the target has its copies.
-                    self.metrics.handoff_states("kept", entries.len());
-                    lock(&self.handoffs).keep(entries, &self.host_bytes);
-                }
-            }
-            let mut draining = lock(&self.draining);
-            for p in &partitions {
-                draining.remove(p);
-            }
-        }
-        Ok(())
+        });
     }
 }
 
@@ -240,9 +239,9 @@ impl Instance {
     /// Leave the cluster gracefully: mark this node as leaving at the
     /// arbiter, let the leader move every partition it owns to other nodes
     /// (each key stops with `handoff`, and its state travels to the new
-    /// owner's `init`), then release the lease. The node serves nothing
-    /// afterwards; stop it with [`Instance::shutdown`]. A node with no other
-    /// live node to hand to just releases its lease.
+    /// owner's `init`), then fence and release the lease. The node serves
+    /// nothing afterwards; stop it with [`Instance::shutdown`]. A node with
+    /// no other live node to hand to just releases its lease.
     ///
     /// The report names every key whose handoff state could not travel (too
     /// large for its module's `max_handoff_size`, or its `handoff` trapped);
@@ -256,109 +255,48 @@ impl Instance {
     /// error.
     pub async fn leave(&self, timeout: Duration) -> Result<LeaveReport> {
         let shared = &self.shared;
-        let ns = &shared.config.namespace;
-        let limit = shared.config.renew_interval;
-        let lease = (*lock(&shared.lease_id)).ok_or(Error::Fenced)?;
-        let arbiter_error = |e: ArbiterError| Error::OwnerUnreachable {
-            owner: "the arbiter".to_owned(),
-            why: e.to_string(),
-        };
         lock(&shared.leave_losses).clear();
-        shared
-            .leaving
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        bounded(
-            limit,
-            shared.arbiter.set_leaving(ns, &shared.node_id, lease),
-        )
-        .await
-        .map_err(arbiter_error)?;
-        let members = bounded(limit, shared.arbiter.live_nodes(ns))
-            .await
-            .map_err(arbiter_error)?;
-        let others = members
-            .iter()
-            .any(|m| m.node != shared.node_id && !m.leaving);
-        // A fence during the leave forgets the table, so "owns nothing"
-        // would then be true without one handoff: the keys it still held
-        // were stopped by the fence. That is not a graceful leave; say so.
-        let fenced_meanwhile = || {
-            *lock(&shared.lease_id) != Some(lease)
-                || shared
-                    .fenced_this_lease
-                    .load(std::sync::atomic::Ordering::SeqCst)
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *lock(&shared.leave_waiter) = Some(tx);
+        shared.apply(|m, now| m.begin_leave(now, timeout));
+        // Each arbiter step is bounded by the renewal interval; the wait for
+        // the moves by `timeout`.
+        let slack = shared.config.renew_interval * 4;
+        let outcome = match tokio::time::timeout(timeout + slack, rx).await {
+            Ok(Ok(outcome)) => outcome,
+            _ => return Err(Error::Timeout(timeout)),
         };
-        if others {
-            tracing::info!(node = %shared.node_id, "leaving: handing off partitions");
-            let deadline = tokio::time::Instant::now() + timeout;
-            loop {
-                // Nothing is left to hand off: finish leaving, then say so.
-                if fenced_meanwhile() {
-                    break;
-                }
-                if shared.table().count_owned_by(&shared.node_id) == 0 {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(Error::Timeout(timeout));
-                }
-                shared.sync_now.notify_one();
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let arbiter_error = |why: String| Error::OwnerUnreachable {
+            owner: "the arbiter".to_owned(),
+            why,
+        };
+        let no_other_node = match outcome {
+            LeaveOutcome::Left { no_other_node } => no_other_node,
+            LeaveOutcome::FencedWhileLeaving => {
+                self.coordination.abort();
+                return Err(Error::FencedWhileLeaving);
             }
-        }
+            LeaveOutcome::TimedOut => return Err(Error::Timeout(timeout)),
+            LeaveOutcome::NotMember => return Err(Error::Fenced),
+            LeaveOutcome::AlreadyLeaving => {
+                return Err(Error::Internal(
+                    "a leave is already under way on this node".to_owned(),
+                ));
+            }
+            LeaveOutcome::ArbiterFailed(why) => {
+                if lock(&shared.membership).is_stopped() {
+                    self.coordination.abort();
+                }
+                return Err(arbiter_error(why));
+            }
+        };
+        // The membership coordinates nothing any more: stop its thread.
         self.coordination.abort();
-        let fenced = fenced_meanwhile();
-        // Stop serving before the release: once released, the arbiter lets
-        // others take whatever this node still owns (found by the
-        // simulation, when a leave found no other node to hand off to).
-        lock(&shared.lease).fence_now(shared.clock.now());
-        bounded(limit, shared.arbiter.release(ns, &shared.node_id, lease))
-            .await
-            .map_err(arbiter_error)?;
         let report = LeaveReport {
             lost_states: std::mem::take(&mut *lock(&shared.leave_losses)),
-            no_other_node: !others,
+            no_other_node,
         };
         tracing::info!(node = %shared.node_id, lost_states = report.lost_states.len(), no_other_node = report.no_other_node, "left the cluster");
-        if fenced {
-            return Err(Error::FencedWhileLeaving);
-        }
         Ok(report)
-    }
-}
-
-/// As leader: ask each owner to hand the listed partitions to the listed
-/// nodes (the coordinator's graceful moves). Each owner moves its own. On
-/// the node's runtime (`main`): a move runs guest `handoff`s.
-pub(super) fn start_moves(
-    shared: &Arc<NodeShared>,
-    main: &Handle,
-    by_owner: Vec<(NodeId, Vec<(PartitionId, NodeId)>)>,
-) {
-    for (owner, moves) in by_owner {
-        let node = shared.clone();
-        main.spawn(async move {
-            let result = if owner == node.node_id {
-                node.move_out(moves).await
-            } else {
-                let request = PeerRequest::Move {
-                    moves: moves
-                        .into_iter()
-                        .map(|(p, to)| (p.0, to.to_string()))
-                        .collect(),
-                };
-                match node.peer_addr_of(&owner) {
-                    Ok(addr) => node
-                        .peers
-                        .request(&addr, request, node.config.call_timeout)
-                        .await
-                        .map(|_| ()),
-                    Err(e) => Err(e),
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(node = %node.node_id, %owner, error = %e, "asking for a handoff failed");
-            }
-        });
     }
 }

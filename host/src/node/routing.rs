@@ -25,16 +25,7 @@ impl NodeShared {
     /// Decide where a message for `key` goes, as of now. A partition being
     /// handed off is not served by anyone until the move completes.
     pub(crate) fn route(&self, key: &str) -> Route {
-        let route = self.table().route(&self.node_id, self.gate_status(), key);
-        match route {
-            Route::Local { partition, .. }
-                if lock(&self.draining).contains(&partition)
-                    || lock(&self.unsure).contains_key(&partition) =>
-            {
-                Route::Refuse(RouteRefusal::Unowned(partition))
-            }
-            route => route,
-        }
+        self.view().route(&self.node_id, self.gate_status(), key)
     }
 
     /// May a new process of `module`/`key` start here now, for `partition`
@@ -327,16 +318,12 @@ impl NodeShared {
                     .into_iter()
                     .map(|(p, to)| (PartitionId(p), NodeId::new(to)))
                     .collect();
-                let node = self.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = node.move_out(moves).await {
-                        tracing::warn!(node = %node.node_id, error = %e, "moving partitions out failed");
-                    }
-                });
+                self.apply(|m, now| m.on_move_request(now, moves));
                 Ok(Vec::new())
             }
             PeerRequest::Nudge => {
-                self.sync_now.notify_one();
+                lock(&self.membership).nudge();
+                self.wake.notify_one();
                 self.deploys.wake();
                 Ok(Vec::new())
             }

@@ -9,10 +9,10 @@
 //! decision itself: once started, the node is driven by `coordination.rs` and
 //! serves through `routing.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
-use fief_core::{Coordinator, NodeId, OwnershipTable};
+use fief_core::{Membership, MembershipConfig, NodeId};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -156,12 +156,25 @@ impl InstanceBuilder {
                 .cpu_budget_per_tenant
                 .map(|cores| (cores, config.cpu_budget_per_tenant_window)),
         );
-        let coordinator = Coordinator::new(timing);
+        let membership = Membership::new(MembershipConfig {
+            me: NodeId::new(&config.node_id),
+            timing,
+            partitions: config.partition_count(),
+            step_timeout: config.call_timeout,
+        });
         let shared = Arc::new(NodeShared {
             node_id: NodeId::new(&config.node_id),
-            table: RwLock::new(OwnershipTable::new(config.partition_count())),
-            fence_gate: coordinator.gate(),
-            lease: Mutex::new(coordinator),
+            fence_gate: membership.gate(),
+            view: RwLock::new(membership.view()),
+            membership: Mutex::new(membership),
+            executing: Mutex::new(()),
+            move_states: Mutex::new(HashMap::new()),
+            refreshes: Mutex::new(HashMap::new()),
+            leave_waiter: Mutex::new(None),
+            wake: tokio::sync::Notify::new(),
+            main: tokio::runtime::Handle::current(),
+            coordination_rt: std::sync::OnceLock::new(),
+            ready: watch::channel(false).0,
             peers: PeerPool::new(
                 &config.namespace,
                 &config.node_id,
@@ -178,25 +191,17 @@ impl InstanceBuilder {
             arbiter,
             members: RwLock::new(BTreeMap::new()),
             peer_addr,
-            leader_term: Mutex::new(None),
             modules: RwLock::new(HashMap::new()),
             deploys: crate::deploy::Deploys::default(),
             fences: Mutex::new(0),
             observer: self.observer,
             events: self.events,
-            lease_id: Mutex::new(None),
-            draining: Mutex::new(BTreeSet::new()),
-            unsure: Mutex::new(BTreeMap::new()),
             handoffs: Mutex::new(HandoffStates::default()),
             host_bytes: TenantLedgers::new(host_bytes_per_tenant),
             tenant_cpu,
             leave_losses: Mutex::new(Vec::new()),
-            moving: tokio::sync::Mutex::new(()),
-            leaving: std::sync::atomic::AtomicBool::new(false),
-            sync_now: tokio::sync::Notify::new(),
             coordination_crash: std::sync::atomic::AtomicBool::new(false),
             route_delay_ms: std::sync::atomic::AtomicU64::new(0),
-            fenced_this_lease: std::sync::atomic::AtomicBool::new(false),
             stop_requested: watch::channel(false).0,
             cache: Mutex::new(CacheStore::new(
                 cache_max_bytes,
@@ -217,16 +222,15 @@ impl InstanceBuilder {
         let peer_server = peer_listener.map(|listener| {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
         });
-        let (ready_tx, mut ready_rx) = watch::channel(false);
+        let mut ready_rx = shared.ready.subscribe();
         // The coordination loop runs on a thread of its own, so its timing
         // does not depend on how busy this runtime is with guest code; what
         // it starts that must run here goes through `main`.
         let coordination = {
             let (shared, main) = (shared.clone(), tokio::runtime::Handle::current());
-            DedicatedRuntime::start("fief-coordinate", move || supervise(shared, ready_tx, main))
-                .map_err(|e| {
-                    Error::Internal(format!("cannot start the coordination thread: {e}"))
-                })?
+            DedicatedRuntime::start("fief-coordinate", move || supervise(shared, main)).map_err(
+                |e| Error::Internal(format!("cannot start the coordination thread: {e}")),
+            )?
         };
         let ttl = shared.config.lease_ttl;
         let _ = tokio::time::timeout(ttl, ready_rx.wait_for(|ready| *ready)).await;

@@ -5,7 +5,6 @@
 //! states, host memory, CPU, members, keys, cache, topics, modules) and how
 //! it is read from the node's state. It must not change anything it reads.
 
-use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use fief_core::LeaseStatus;
@@ -131,10 +130,15 @@ impl Instance {
     pub fn status(&self) -> Status {
         let shared = &self.shared;
         let now = shared.clock.now();
-        let lease = shared.lease_status();
-        let rejoining = shared
-            .fenced_this_lease
-            .load(std::sync::atomic::Ordering::SeqCst);
+        let (lease, rejoining, leader_term, leaving) = {
+            let mut m = lock(&shared.membership);
+            (
+                m.status(now),
+                m.fenced_this_lease(),
+                m.leader().map(|t| t.0),
+                m.is_leaving(),
+            )
+        };
         let (state, remaining) = match lease {
             // Between a fence and the next lease grant the node is fenced,
             // however its fresh (pending) lease reads.
@@ -160,21 +164,17 @@ impl Instance {
             lease: state,
             lease_remaining_ms: remaining,
             lease_ttl_ms: shared.config.lease_ttl.as_millis(),
-            leader_term: lock(&shared.leader_term).map(|t| t.0),
+            leader_term,
             epoch: table.epoch(),
             partitions: table.partitions().get(),
             partitions_owned: table.count_owned_by(&shared.node_id),
-            partitions_moving: lock(&shared.draining)
-                .iter()
-                .chain(lock(&shared.unsure).keys())
-                .collect::<BTreeSet<_>>()
-                .len(),
+            partitions_moving: shared.view().held().len(),
             handoff_states: handoffs.0,
             handoff_bytes: handoffs.1,
             host_bytes: shared.host_bytes.report(),
             tenant_cpu: shared.tenant_cpu.report(),
             fences: *lock(&shared.fences),
-            leaving: shared.leaving.load(std::sync::atomic::Ordering::SeqCst),
+            leaving,
             nodes: shared
                 .members
                 .read()

@@ -177,6 +177,19 @@ impl Membership {
         self.coord.nudge();
     }
 
+    /// A fence came while the leave waited for its moves: finish it now
+    /// (as fenced), without rejoining.
+    pub(super) fn leave_fenced(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        if let Some(Leave {
+            phase: Phase::Handing { next_check },
+            ..
+        }) = self.leave.as_mut()
+        {
+            *next_check = now;
+            self.leave_check(now, out);
+        }
+    }
+
     /// Stop coordinating and serving (the lease fenced first), then release.
     fn finish_leave(&mut self, now: Instant, others: bool, out: &mut Vec<Effect>) {
         let Some(lease) = self.leave.as_ref().map(|l| l.lease) else {

@@ -254,7 +254,8 @@ struct Op {
 /// What follows an adoption once it is done.
 #[derive(Clone, Copy, Debug)]
 enum Then {
-    Nothing,
+    /// The round's read: the round's [`Effect::Ready`] waits for it.
+    Round,
     Refreshed(OpId),
     /// The current move's transfer was adopted.
     Moved,
@@ -293,6 +294,8 @@ pub struct Membership {
     leave: Option<leave::Leave>,
     /// The node left: its coordinator is never ticked again.
     stopped: bool,
+    /// A round ended while its table waited for a reap: say ready after.
+    ready_pending: bool,
 }
 
 impl Membership {
@@ -318,6 +321,7 @@ impl Membership {
             moves: moves::Moves::default(),
             leave: None,
             stopped: false,
+            ready_pending: false,
         }
     }
 
@@ -644,7 +648,7 @@ impl Membership {
                     let before = self.unsure.len();
                     self.unsure.retain(|_, failed| *failed >= asked_at);
                     self.view_dirty |= self.unsure.len() != before;
-                    self.adopt(now, table, Then::Nothing, out);
+                    self.adopt(now, table, Then::Round, out);
                 }
                 Action::StartMoves(by_owner) => {
                     for (owner, moves) in by_owner {
@@ -659,6 +663,8 @@ impl Membership {
                         }
                     }
                 }
+                // Ready once the round's table is adopted, reap and all.
+                Action::Ready if self.round_adoption_pending() => self.ready_pending = true,
                 Action::Ready => out.push(Effect::Ready),
             }
         }
@@ -673,6 +679,12 @@ impl Membership {
             let actions = self.coord.on_tick(now);
             self.carry(now, actions, out);
         }
+    }
+
+    fn round_adoption_pending(&self) -> bool {
+        self.adoptions
+            .values()
+            .any(|a| matches!(a.then, Then::Round))
     }
 
     /// Where the peers of `node` reach it, if the arbiter lists it.
@@ -714,7 +726,11 @@ impl Membership {
 
     fn then(&mut self, now: Instant, then: Then, changed: bool, out: &mut Vec<Effect>) {
         match then {
-            Then::Nothing => {}
+            Then::Round => {
+                if std::mem::take(&mut self.ready_pending) {
+                    out.push(Effect::Ready);
+                }
+            }
             Then::Refreshed(op) => out.push(Effect::Refreshed { op, changed }),
             Then::Moved => self.moved(now, out),
         }
@@ -734,6 +750,7 @@ impl Membership {
         self.unsure.clear();
         self.draining.clear();
         self.reaped.clear();
+        self.ready_pending = false;
         self.table = OwnershipTable::new(self.cfg.partitions);
         self.view_dirty = true;
         // Pending adoptions and refreshes were under the ended lease.
@@ -752,6 +769,8 @@ impl Membership {
             renewals,
             fence_point,
         });
+        // A leave waiting for its moves ends now: they cannot happen.
+        self.leave_fenced(now, out);
     }
 
     /// Publish a new routing view if anything it shows changed.

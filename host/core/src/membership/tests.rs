@@ -67,15 +67,15 @@ fn joined(members: Vec<Member>, table: OwnershipTable) -> Membership {
     let (id, req) = round_request(&e).unwrap();
     assert_eq!(req, Request::Table);
     let e = m.on_reply(at(4), id, Reply::Table(table));
+    let op = reap_of(&e).expect("the gained partitions are reaped first");
+    assert!(
+        !e.contains(&Effect::TableChanged),
+        "adopted before the reap"
+    );
+    assert!(!e.contains(&Effect::Ready), "ready before the table");
+    let e = m.on_reaped(at(5), op);
+    assert!(e.contains(&Effect::TableChanged));
     assert!(e.contains(&Effect::Ready));
-    if let Some(op) = reap_of(&e) {
-        assert!(
-            !e.contains(&Effect::TableChanged),
-            "adopted before the reap"
-        );
-        let e = m.on_reaped(at(5), op);
-        assert!(e.contains(&Effect::TableChanged));
-    }
     m
 }
 
@@ -344,4 +344,32 @@ fn a_leave_that_cannot_finish_in_time_times_out_and_the_node_stays() {
     assert_eq!(outcome, Some(LeaveOutcome::TimedOut));
     assert!(!m.is_stopped());
     assert!(local(&mut m, at(now), 0));
+}
+
+/// A fence while the leave waits for its moves ends the leave at once, as
+/// fenced, and the node does not rejoin: it releases and is done.
+#[test]
+fn a_fence_during_a_leave_ends_it_as_fenced_without_a_rejoin() {
+    let mut m = joined(three(), table());
+    let (op, _) = op_request(&m.begin_leave(at(10), Duration::from_secs(30))).unwrap();
+    let (op, _) = op_request(&m.on_op_reply(at(11), op, Reply::Done)).unwrap();
+    m.on_op_reply(at(12), op, Reply::Members(three()));
+    let e = m.fence_now(at(20), FENCE_REQUESTED);
+    assert!(
+        !e.iter().any(|e| matches!(
+            e,
+            Effect::Arbiter {
+                request: Request::Register,
+                ..
+            }
+        )),
+        "no rejoin: {e:?}"
+    );
+    let (op, req) = op_request(&e).unwrap();
+    assert_eq!(req, Request::Release(LeaseId(1)));
+    assert!(m.is_stopped());
+    assert_eq!(
+        m.on_op_reply(at(21), op, Reply::Done),
+        vec![Effect::LeaveDone(LeaveOutcome::FencedWhileLeaving)]
+    );
 }
