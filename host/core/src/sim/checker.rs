@@ -69,6 +69,9 @@ pub struct Stats {
     pub handoffs: u64,
     /// Leases granted.
     pub leases: u64,
+    /// Forwarded messages routed once more after their receiver said it
+    /// was not the owner and a table refresh found a newer table.
+    pub retries: u64,
 }
 
 impl Stats {
@@ -80,6 +83,7 @@ impl Stats {
         self.moves += other.moves;
         self.handoffs += other.handoffs;
         self.leases += other.leases;
+        self.retries += other.retries;
     }
 }
 

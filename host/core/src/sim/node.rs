@@ -18,7 +18,7 @@ use super::Mutation;
 use super::timing;
 use super::world::{Call, Ev, NodeClock, World, node_name};
 use crate::coordinator::lost;
-use crate::membership::{Effect, Membership, MembershipConfig, PeerMessage};
+use crate::membership::{Effect, Membership, MembershipConfig, OpId, PeerMessage};
 use crate::ownership::{NodeId, Route};
 use crate::partition::PartitionCount;
 use crate::time::Instant;
@@ -54,6 +54,9 @@ pub(super) struct SimNode {
     pub(super) keys: BTreeMap<String, Mode>,
     /// Survivors of a fence, until reaped.
     pub(super) limbo: BTreeSet<String>,
+    /// Forwarded messages their receiver did not serve, waiting for the
+    /// table refresh they asked for: (message, key, the epoch routed on).
+    retries: BTreeMap<OpId, (u64, String, u64)>,
     pub(super) wake_gen: u64,
     /// What reached the node while it was paused.
     pub(super) deferred: Vec<Ev>,
@@ -86,6 +89,7 @@ impl SimNode {
             membership,
             keys: BTreeMap::new(),
             limbo: BTreeSet::new(),
+            retries: BTreeMap::new(),
             wake_gen: 0,
             deferred: Vec::new(),
         }
@@ -102,6 +106,12 @@ impl World {
     ) {
         let now = self.node_now(i);
         let effects = f(&mut self.nodes[i].membership, now);
+        self.carry_out(i, effects);
+    }
+
+    /// Carry out `effects` of node `i`'s membership, then schedule its next
+    /// tick.
+    fn carry_out(&mut self, i: usize, effects: Vec<Effect>) {
         for effect in effects {
             self.execute(i, effect);
         }
@@ -122,17 +132,51 @@ impl World {
                 Call::Round(id) => self.input(node, |m, now| m.on_reply(now, id, reply)),
                 Call::Op(op) => self.input(node, |m, now| m.on_op_reply(now, op, reply)),
             },
-            Ev::Client { msg, key, node } => self.route(node, msg, &key),
-            Ev::Forward { msg, key, from, to } => {
-                let _ = from;
+            Ev::Client { msg, key, node } => self.route(node, msg, key, false),
+            Ev::Forward {
+                msg,
+                key,
+                from,
+                from_inc,
+                to,
+                epoch,
+                retried,
+            } => {
                 if self.cfg.mutation == Some(Mutation::SkipOwnerRecheck) {
                     return self.process(to, msg, &key);
                 }
                 // The owner's re-check: route again, never forward.
                 let now = self.node_now(to);
-                if let Route::Local { .. } = self.nodes[to].membership.route(now, &key) {
-                    self.process(to, msg, &key);
+                match self.nodes[to].membership.route(now, &key) {
+                    Route::Local { .. } => self.process(to, msg, &key),
+                    // "Not the owner" (or "fenced"): the sender may retry.
+                    _ if !retried => {
+                        let inc = from_inc;
+                        let answer = Ev::NotOwner {
+                            node: from,
+                            inc,
+                            msg,
+                            key,
+                            epoch,
+                        };
+                        self.call(to, from, answer);
+                    }
+                    _ => {}
                 }
+            }
+            Ev::NotOwner {
+                node,
+                msg,
+                key,
+                epoch,
+                ..
+            } => {
+                // As the node's `forward`: refresh the table, and route once
+                // more if it is newer than the one the message was sent on.
+                let now = self.node_now(node);
+                let (op, effects) = self.nodes[node].membership.refresh_table(now);
+                self.nodes[node].retries.insert(op, (msg, key, epoch));
+                self.carry_out(node, effects);
             }
             Ev::Peer { to, message } => match message {
                 PeerMessage::Move(moves) => {
@@ -278,17 +322,26 @@ impl World {
             }
             Effect::Refreshed { op, changed } => {
                 self.log(|| format!("{name}: refresh {} ended, changed {changed}", op.0));
+                let Some((msg, key, epoch)) = self.nodes[i].retries.remove(&op) else {
+                    return;
+                };
+                if changed || self.nodes[i].membership.table().epoch() > epoch {
+                    self.checker.stats.retries += 1;
+                    self.log(|| format!("{name}: routes message {msg} for {key} once more"));
+                    self.route(i, msg, key, true);
+                }
             }
             Effect::LeaveDone(outcome) => self.log(|| format!("{name}: leave ended: {outcome:?}")),
             Effect::Ready => {}
         }
     }
 
-    /// A message for `key` reached node `i`: route it as the node does.
-    fn route(&mut self, i: usize, msg: u64, key: &str) {
+    /// A message for `key` reached node `i`: route it as the node does
+    /// (`retried`: a second attempt, after a refresh).
+    fn route(&mut self, i: usize, msg: u64, key: String, retried: bool) {
         let now = self.node_now(i);
-        match self.nodes[i].membership.route(now, key) {
-            Route::Local { .. } => self.process(i, msg, key),
+        match self.nodes[i].membership.route(now, &key) {
+            Route::Local { .. } => self.process(i, msg, &key),
             Route::Forward { owner, .. } => {
                 // The node forwards to the address the arbiter lists.
                 let addr = self.nodes[i]
@@ -297,17 +350,16 @@ impl World {
                     .get(&owner)
                     .and_then(|m| m.peer_addr.clone());
                 if let Some(to) = addr.and_then(|a| self.by_addr(&a)) {
-                    let key = key.to_owned();
-                    self.send(
-                        i,
+                    let forward = Ev::Forward {
+                        msg,
+                        key,
+                        from: i,
+                        from_inc: self.nodes[i].incarnation,
                         to,
-                        Ev::Forward {
-                            msg,
-                            key,
-                            from: i,
-                            to,
-                        },
-                    );
+                        epoch: self.nodes[i].membership.table().epoch(),
+                        retried,
+                    };
+                    self.call(i, to, forward);
                 }
             }
             Route::Refuse(_) => {}

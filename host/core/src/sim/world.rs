@@ -85,12 +85,26 @@ pub(super) enum Ev {
         key: String,
         node: usize,
     },
-    /// A message forwarded by `from` to the owner it routed it to.
+    /// A message forwarded by `from` to the owner it routed it to, under
+    /// its table of `epoch`; `retried`: the second and last attempt.
     Forward {
         msg: u64,
         key: String,
         from: usize,
+        from_inc: u64,
         to: usize,
+        epoch: u64,
+        retried: bool,
+    },
+    /// The receiver of a forwarded message does not serve it (it is not
+    /// the owner, or refuses): the sender refreshes its table and routes
+    /// the message once more.
+    NotOwner {
+        node: usize,
+        inc: u64,
+        msg: u64,
+        key: String,
+        epoch: u64,
     },
     /// A peer message of the protocol (a move request, a nudge).
     Peer {
@@ -177,6 +191,7 @@ impl Ev {
             | Ev::HandoffAck { node, inc, .. }
             | Ev::KeysStopped { node, inc, .. }
             | Ev::Reaped { node, inc, .. }
+            | Ev::NotOwner { node, inc, .. }
             | Ev::IdleStop { node, inc, .. } => Some((*node, Some(*inc))),
             _ => None,
         }
@@ -386,9 +401,23 @@ impl World {
         );
     }
 
-    /// Send from node `from` to node `to` over the network, unless the link
-    /// is cut: lost, delayed, maybe duplicated.
+    /// Send a protocol message (a move request, a nudge, a handoff or its
+    /// ack) from node `from` to node `to`, unless the link is cut: lost,
+    /// delayed, reordered, maybe duplicated.
     pub(super) fn send(&mut self, from: usize, to: usize, ev: Ev) {
+        self.transmit(from, to, ev, true);
+    }
+
+    /// Send a forwarded call or its answer: lost, delayed or reordered but
+    /// never duplicated — a call is one request on a connection. (A call
+    /// duplicated by the network, one copy served by the old owner and the
+    /// other refused and retried at the new one, would be served twice: a
+    /// transport's fault the protocol cannot see.)
+    pub(super) fn call(&mut self, from: usize, to: usize, ev: Ev) {
+        self.transmit(from, to, ev, false);
+    }
+
+    fn transmit(&mut self, from: usize, to: usize, ev: Ev, duplicates: bool) {
         if self.cut[from][to] {
             self.log(|| format!("cut {ev:?}"));
             return;
@@ -397,7 +426,7 @@ impl World {
             self.log(|| format!("lost {ev:?}"));
             return;
         }
-        let copies = if self.rng.u32(0..100) < self.net.dup_pct {
+        let copies = if duplicates && self.rng.u32(0..100) < self.net.dup_pct {
             2
         } else {
             1
