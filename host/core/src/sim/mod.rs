@@ -53,6 +53,11 @@ pub enum Mutation {
     SkipOwnerRecheck,
     /// The arbiter judges a lease expired after half its TTL.
     ArbiterEarlyExpiry,
+    /// The executor's reap hangs when it finds survivors in limbo: it
+    /// neither removes them nor answers, so the adoption waiting for it
+    /// never comes (the node's executor side, which the liveness rule
+    /// judges).
+    ReapHangs,
 }
 
 /// What one run simulates.
@@ -60,7 +65,11 @@ pub enum Mutation {
 pub struct Config {
     /// The seed everything else follows from.
     pub seed: u64,
-    /// Simulated time per run.
+    /// Simulated time with faults: until then the network loses, delays
+    /// and duplicates messages and faults start; after it the network is
+    /// calm and no fault starts. The run goes on until the liveness window
+    /// ([`checker::WINDOW`], beginning [`checker::SETTLE`] after the last
+    /// fault ended) is over.
     pub duration: Duration,
     /// Bound on each node's clock-rate drift against the arbiter's, in ppm;
     /// `None`: the lease timing's own bound (the configured, safe one).
@@ -125,7 +134,13 @@ impl Report {
             self.seed
         );
         for v in &self.violations {
-            let _ = writeln!(s, "VIOLATION at {}: {}", show_us(v.at_us), v.what);
+            let _ = writeln!(
+                s,
+                "VIOLATION ({:?}) at {}: {}",
+                v.rule,
+                show_us(v.at_us),
+                v.what
+            );
         }
         let _ = writeln!(s, "last {} events:", self.trace.len());
         for line in &self.trace {

@@ -132,7 +132,12 @@ impl World {
                 Call::Round(id) => self.input(node, |m, now| m.on_reply(now, id, reply)),
                 Call::Op(op) => self.input(node, |m, now| m.on_op_reply(now, op, reply)),
             },
-            Ev::Client { msg, key, node } => self.route(node, msg, key, false),
+            Ev::Client { msg, key, node } => {
+                if !self.nodes[node].membership.is_stopped() {
+                    self.checker.asked(&key);
+                }
+                self.route(node, msg, key, false);
+            }
             Ev::Forward {
                 msg,
                 key,
@@ -218,6 +223,7 @@ impl World {
                     return;
                 }
                 self.log(|| format!("{}: leaving", node_name(node)));
+                self.fault_until(self.now + LEAVE_TIMEOUT.as_micros() as u64);
                 self.input(node, |m, now| m.begin_leave(now, LEAVE_TIMEOUT));
             }
             Ev::IdleStop { node, key, .. } => {
@@ -284,6 +290,11 @@ impl World {
             Effect::Reap { op, partitions } => {
                 let p = self.partitions;
                 let node = &mut self.nodes[i];
+                if self.cfg.mutation == Some(Mutation::ReapHangs)
+                    && node.limbo.iter().any(|k| partitions.contains(&p.of(k)))
+                {
+                    return self.log(|| format!("{name}: reaping {partitions:?} hangs"));
+                }
                 let before = node.limbo.len();
                 node.limbo.retain(|k| !partitions.contains(&p.of(k)));
                 let reaped = before - node.limbo.len();

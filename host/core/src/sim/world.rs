@@ -14,7 +14,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use super::checker::{Checker, TableWrite};
+use super::checker::{Checker, SETTLE, TableWrite, WINDOW};
 use super::node::{Mode, SimNode};
 use super::{Config, Mutation, Report, show_us, timing};
 use crate::arbiter::{ArbiterState, LeaseId, Refusal};
@@ -23,6 +23,9 @@ use crate::membership::{OpId, PeerMessage};
 use crate::ownership::NodeId;
 use crate::partition::PartitionCount;
 use crate::time::Instant;
+
+/// How often the liveness window probes the arbiter's table, µs.
+const PROBE_US: u64 = 100_000;
 
 /// A node's clock: `offset + global * (1 + ppm / 10^6)`.
 #[derive(Clone, Copy, Debug)]
@@ -175,6 +178,13 @@ pub(super) enum Ev {
         inc: u64,
         key: String,
     },
+    /// The faults' time is over: the network calms down (no loss, slow tail
+    /// or duplication) and no new fault starts.
+    Calm,
+    /// The liveness window may begin (if the faults are long enough over).
+    Window,
+    /// Which partitions live nodes own, during the window.
+    Probe,
 }
 
 impl Ev {
@@ -246,6 +256,11 @@ pub(super) struct World {
     /// The node that registers without a peer address in its first
     /// incarnation, if any (one seed in four).
     no_addr: Option<usize>,
+    /// When the last fault so far ends (heals, resumes, restarts, times
+    /// out), µs.
+    quiet_from: u64,
+    /// The network is calm (see [`Ev::Calm`]).
+    calm: bool,
 }
 
 impl World {
@@ -316,6 +331,8 @@ impl World {
             next_msg: 0,
             events: 0,
             no_addr,
+            quiet_from: 0,
+            calm: false,
         }
     }
 
@@ -368,12 +385,12 @@ impl World {
     /// it): lost or delayed, but in order and never duplicated — one
     /// ordered connection, as to PostgreSQL.
     fn send_arbiter(&mut self, node: usize, up: bool, ev: Ev) {
-        if self.rng.u32(0..100) < self.net.loss_pct {
+        if self.net_fault(self.net.loss_pct) {
             self.log(|| format!("lost {ev:?}"));
             return;
         }
         let mut delay = self.net.delay_us + self.rng.u64(0..=self.net.delay_us);
-        if self.rng.u32(0..100) < self.net.slow_pct {
+        if self.net_fault(self.net.slow_pct) {
             delay += self.rng.u64(0..=self.net.tail_us);
         }
         let last = &mut self.arbiter_link[node][usize::from(up)];
@@ -422,18 +439,18 @@ impl World {
             self.log(|| format!("cut {ev:?}"));
             return;
         }
-        if self.rng.u32(0..100) < self.net.loss_pct {
+        if self.net_fault(self.net.loss_pct) {
             self.log(|| format!("lost {ev:?}"));
             return;
         }
-        let copies = if duplicates && self.rng.u32(0..100) < self.net.dup_pct {
+        let copies = if duplicates && self.net_fault(self.net.dup_pct) {
             2
         } else {
             1
         };
         for _ in 0..copies {
             let mut delay = self.net.delay_us + self.rng.u64(0..=self.net.delay_us);
-            if self.rng.u32(0..100) < self.net.slow_pct {
+            if self.net_fault(self.net.slow_pct) {
                 delay += self.rng.u64(0..=self.net.tail_us);
             }
             self.after(delay, ev.clone());
@@ -455,6 +472,24 @@ impl World {
             .position(|n| addr.strip_suffix(":peer") == Some(n.id.as_str()))
     }
 
+    /// A fault lasts until `until_us`.
+    pub(super) fn fault_until(&mut self, until_us: u64) {
+        self.quiet_from = self.quiet_from.max(until_us);
+    }
+
+    /// Where the liveness window begins: [`SETTLE`] after the network
+    /// calmed and the last fault ended.
+    fn window_from(&self) -> u64 {
+        let duration = self.cfg.duration.as_micros() as u64;
+        duration.max(self.quiet_from) + SETTLE.as_micros() as u64
+    }
+
+    /// Whether a network fault of this seed's `pct` hits a message (never
+    /// once the network is calm; the draw is made all the same).
+    fn net_fault(&mut self, pct: u32) -> bool {
+        self.rng.u32(0..100) < pct && !self.calm
+    }
+
     pub(super) fn run(mut self) -> Report {
         self.schedule_faults();
         for i in 0..self.nodes.len() {
@@ -462,9 +497,13 @@ impl World {
             self.at(at, Ev::Restart { node: i });
         }
         self.after(1_000, Ev::Load);
-        let end = self.cfg.duration.as_micros() as u64;
+        let window = WINDOW.as_micros() as u64;
+        self.at(self.cfg.duration.as_micros() as u64, Ev::Calm);
+        self.at(self.window_from(), Ev::Window);
+        // The end moves with the faults (a crash's restart is known when it
+        // crashes); all of them start before the calm.
         while let Some(Reverse((at, _, slot))) = self.queue.pop() {
-            if at > end {
+            if at > self.window_from() + window {
                 break;
             }
             self.now = at;
@@ -475,6 +514,10 @@ impl World {
             if !self.checker.violations.is_empty() {
                 break;
             }
+        }
+        if self.checker.violations.is_empty() {
+            self.now = self.window_from() + window;
+            self.checker.window_ends(self.now);
         }
         Report {
             seed: self.cfg.seed,
@@ -488,7 +531,7 @@ impl World {
 
     fn schedule_faults(&mut self) {
         let n = self.nodes.len();
-        let end = self.cfg.duration.as_micros() as u64;
+        let end = (self.cfg.duration.as_micros() as u64).max(1_000_001);
         let ttl = timing().lease_ttl().as_micros() as u64;
         let count = self.rng.usize(2..14);
         for _ in 0..count {
@@ -598,6 +641,7 @@ impl World {
                     return;
                 }
                 n.paused_until = Some(self.now + for_us);
+                self.fault_until(self.now + for_us);
                 self.log(|| format!("{}: paused for {}", node_name(node), show_us(for_us)));
                 self.after(for_us, Ev::Resume { node });
             }
@@ -610,6 +654,7 @@ impl World {
             } => {
                 self.cut_to_arbiter[node] |= to;
                 self.cut_from_arbiter[node] |= from;
+                self.fault_until(self.now + for_us);
                 self.log(|| {
                     format!(
                         "{}: cut from the arbiter (requests {to}, replies {from}) for {}",
@@ -626,6 +671,7 @@ impl World {
             }
             Ev::CutPeer { a, b, for_us } => {
                 self.cut[a][b] = true;
+                self.fault_until(self.now + for_us);
                 self.log(|| {
                     format!(
                         "{} -> {} cut for {}",
@@ -643,6 +689,7 @@ impl World {
             }
             Ev::ArbiterDown { for_us } => {
                 self.arbiter_down = true;
+                self.fault_until(self.now + for_us);
                 self.log(|| format!("arbiter down for {}", show_us(for_us)));
                 self.after(
                     for_us,
@@ -677,6 +724,47 @@ impl World {
                 }
                 let gap = self.rng.u64(500..4_000);
                 self.after(gap, Ev::Load);
+            }
+            Ev::Calm => {
+                self.calm = true;
+                self.log(|| "the network calms down; no more faults".to_owned());
+            }
+            Ev::Window => {
+                let from = self.window_from();
+                if self.now < from {
+                    return self.at(from, Ev::Window);
+                }
+                // Judged only if some node can take partitions: up, not
+                // left, and not marked leaving at the arbiter.
+                let now = self.arbiter_now();
+                let members = self.arbiter.live_nodes(now);
+                let capacity = self.nodes.iter().any(|n| {
+                    n.up && !n.membership.is_stopped()
+                        && members.iter().any(|m| m.node == n.id && !m.leaving)
+                });
+                self.log(|| format!("liveness window begins (judged: {capacity})"));
+                if capacity {
+                    self.checker.window_begins(self.now);
+                    self.handle(Ev::Probe);
+                }
+            }
+            Ev::Probe => {
+                let unowned: Vec<_> = self
+                    .arbiter
+                    .table()
+                    .iter()
+                    .filter(|(_, owner)| {
+                        !owner.is_some_and(|a| {
+                            self.nodes
+                                .iter()
+                                .any(|n| n.id == a.node && n.up && !n.membership.is_stopped())
+                                && self.checker.node_lease_current(&a.node, self.now)
+                        })
+                    })
+                    .map(|(p, _)| p)
+                    .collect();
+                self.checker.unowned(self.now, unowned);
+                self.after(PROBE_US, Ev::Probe);
             }
             // What a node receives, its executor handles.
             ev => self.deliver(ev),
@@ -800,6 +888,7 @@ impl World {
         node.deferred.clear();
         node.paused_until = None;
         let down = self.rng.u64(100_000..6_000_000);
+        self.fault_until(self.now + down);
         self.log(|| format!("{}: CRASHED (restarts in {})", node_name(i), show_us(down)));
         self.after(down, Ev::Restart { node: i });
     }
