@@ -19,8 +19,8 @@
 //!
 //! - `world`: the event queue on the global clock, the network (lossy,
 //!   duplicating links between nodes; one ordered link per node to the
-//!   arbiter), the clocks, the faults, the load, and the arbiter's side of
-//!   every request (recorded for the checker);
+//!   arbiter), the clocks, the load, and the arbiter's side of every request
+//!   (recorded for the checker); `faults`: the seeded faults, then the calm;
 //! - `node`: the executor of each node's [`Effect`](crate::Effect)s — the key
 //!   processes' lives (start at the first routed message, end at a kill,
 //!   fence, handoff stop or idle timeout; `continue`/`callback` survivors in
@@ -33,6 +33,7 @@
 //! `FIEF_SEED=<n>` reproduces one seed exactly (see `docs/testing.md`).
 
 pub mod checker;
+mod faults;
 mod node;
 #[cfg(test)]
 mod tests;
