@@ -17,19 +17,52 @@
 //! - **a partition moved before the arbiter judged the old lease expired**:
 //!   every table change that takes a partition from a node does so by that
 //!   node's own handoff, or after its lease expired or was released;
-//! - a node hosting a limbo survivor and a fresh process of one key.
+//! - a node hosting a limbo survivor and a fresh process of one key;
+//! - **liveness**: once the faults are over (the last one ended at least
+//!   [`SETTLE`] before the window) and some node can take partitions, every
+//!   key sent a message in the final [`WINDOW`] of the run gets one
+//!   processed in it, and every partition is owned by a live node at some
+//!   probe of the window.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::arbiter::LeaseId;
 use crate::ownership::{NodeId, OwnershipTable};
+use crate::partition::PartitionId;
+
+use super::show_us;
+
+/// How long after the last fault ended the liveness window may begin.
+pub const SETTLE: Duration = Duration::from_secs(4);
+
+/// The liveness window: the last this much of the run.
+pub const WINDOW: Duration = Duration::from_secs(2);
+
+/// Which rule a violation breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// Two live `terminate` processes of one key that can act.
+    TwoLiveProcesses,
+    /// A message processed by two owners.
+    TwoOwners,
+    /// A node processing while fenced (by its own lease or the arbiter's).
+    FencedProcessing,
+    /// A partition moved before the arbiter judged the old lease expired.
+    EarlyMove,
+    /// A key started beside a survivor of it in the node's limbo.
+    BesideSurvivor,
+    /// After the faults, a key or a partition not served.
+    Liveness,
+}
 
 /// One breach of single ownership, with the instant it happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
     /// Global time, microseconds.
     pub at_us: u64,
+    /// The rule broken.
+    pub rule: Rule,
     /// What went wrong, naming nodes, keys and leases.
     pub what: String,
 }
@@ -41,6 +74,18 @@ struct LeaseRecord {
     released: bool,
 }
 
+/// What the liveness window saw, once it began.
+#[derive(Debug, Default)]
+struct Window {
+    from_us: u64,
+    /// Keys sent a message (at a node that has not left) in the window.
+    asked: BTreeSet<String>,
+    /// Keys with a message processed in the window.
+    served: BTreeSet<String>,
+    /// Per partition, the first probe that found no live node owning it.
+    unowned: BTreeMap<PartitionId, u64>,
+}
+
 /// The checker's history.
 #[derive(Debug)]
 pub struct Checker {
@@ -48,6 +93,7 @@ pub struct Checker {
     leases: HashMap<(NodeId, LeaseId), LeaseRecord>,
     /// message id → the node that processed it first.
     processed_by: HashMap<u64, NodeId>,
+    window: Option<Window>,
     /// Violations found so far.
     pub violations: Vec<Violation>,
     /// Counters for the run's summary.
@@ -69,6 +115,11 @@ pub struct Stats {
     pub handoffs: u64,
     /// Leases granted.
     pub leases: u64,
+    /// Runs whose liveness window was judged.
+    pub windows: u64,
+    /// Forwarded messages routed once more after their receiver said it
+    /// was not the owner and a table refresh found a newer table.
+    pub retries: u64,
 }
 
 impl Stats {
@@ -80,6 +131,8 @@ impl Stats {
         self.moves += other.moves;
         self.handoffs += other.handoffs;
         self.leases += other.leases;
+        self.retries += other.retries;
+        self.windows += other.windows;
     }
 }
 
@@ -101,13 +154,14 @@ impl Checker {
             ttl_us: ttl.as_micros() as u64,
             leases: HashMap::new(),
             processed_by: HashMap::new(),
+            window: None,
             violations: Vec::new(),
             stats: Stats::default(),
         }
     }
 
-    fn fail(&mut self, at_us: u64, what: String) {
-        self.violations.push(Violation { at_us, what });
+    fn fail(&mut self, at_us: u64, rule: Rule, what: String) {
+        self.violations.push(Violation { at_us, rule, what });
     }
 
     /// The arbiter committed a registration or renewal of `lease` at `at_us`.
@@ -134,7 +188,7 @@ impl Checker {
 
     /// Whether `node` holds some lease the arbiter must still count as
     /// current at `at_us` (by the contract's TTL).
-    fn node_lease_current(&self, node: &NodeId, at_us: u64) -> bool {
+    pub fn node_lease_current(&self, node: &NodeId, at_us: u64) -> bool {
         self.leases
             .iter()
             .any(|((n, _), r)| n == node && !r.released && at_us < r.committed_us + self.ttl_us)
@@ -175,6 +229,7 @@ impl Checker {
                 let to = after.map_or("nobody".to_owned(), |a| a.node.to_string());
                 self.fail(
                     at_us,
+                    Rule::EarlyMove,
                     format!(
                         "{partition} moved from {} to {to} ({how:?}) while {}'s lease was still current at the arbiter",
                         before.node, before.node
@@ -196,15 +251,20 @@ impl Checker {
         key: &str,
     ) {
         self.stats.processed += 1;
+        if let Some(w) = &mut self.window {
+            w.served.insert(key.to_owned());
+        }
         if !own_lease_current {
             self.fail(
                 at_us,
+                Rule::FencedProcessing,
                 format!("{node} processed message {msg} for {key} while fenced"),
             );
         }
         if !lease.is_some_and(|l| self.lease_current(node, l, at_us)) {
             self.fail(
                 at_us,
+                Rule::FencedProcessing,
                 format!(
                     "{node} processed message {msg} for {key} while its lease {lease:?} was not current at the arbiter"
                 ),
@@ -215,6 +275,7 @@ impl Checker {
                 let first = first.clone();
                 self.fail(
                     at_us,
+                    Rule::TwoOwners,
                     format!("message {msg} for {key} processed by two owners: {first} and {node}"),
                 );
             }
@@ -240,6 +301,7 @@ impl Checker {
         if !others.is_empty() {
             self.fail(
                 at_us,
+                Rule::TwoLiveProcesses,
                 format!(
                     "{key} started on {node} while {} still held a live terminate process of it",
                     others
@@ -253,6 +315,7 @@ impl Checker {
         if survivor_here {
             self.fail(
                 at_us,
+                Rule::BesideSurvivor,
                 format!("{key} started on {node} beside a survivor of it in the same node's limbo"),
             );
         }
@@ -265,7 +328,62 @@ impl Checker {
         for (key, other) in overlaps {
             self.fail(
                 at_us,
+                Rule::TwoLiveProcesses,
                 format!("{node} resumed with a live terminate process of {key} that can act while {other} runs one"),
+            );
+        }
+    }
+
+    /// The liveness window begins at `at_us`: the faults are over and some
+    /// node can take partitions.
+    pub fn window_begins(&mut self, at_us: u64) {
+        self.stats.windows += 1;
+        self.window = Some(Window {
+            from_us: at_us,
+            ..Window::default()
+        });
+    }
+
+    /// A message for `key` reached a node that has not left.
+    pub fn asked(&mut self, key: &str) {
+        if let Some(w) = &mut self.window {
+            w.asked.insert(key.to_owned());
+        }
+    }
+
+    /// A probe of the window at `at_us` found `partitions` owned by no
+    /// live node.
+    pub fn unowned(&mut self, at_us: u64, partitions: impl IntoIterator<Item = PartitionId>) {
+        if let Some(w) = &mut self.window {
+            for p in partitions {
+                w.unowned.entry(p).or_insert(at_us);
+            }
+        }
+    }
+
+    /// The run ends at `at_us`: judge the window, if it began.
+    pub fn window_ends(&mut self, at_us: u64) {
+        let Some(w) = self.window.take() else {
+            return;
+        };
+        let span = format!("{}..{}", show_us(w.from_us), show_us(at_us));
+        for key in w.asked.difference(&w.served) {
+            self.fail(
+                at_us,
+                Rule::Liveness,
+                format!(
+                    "{key} was sent messages in the final window ({span}) but none was processed"
+                ),
+            );
+        }
+        for (p, probe_us) in w.unowned {
+            self.fail(
+                at_us,
+                Rule::Liveness,
+                format!(
+                    "{p} was owned by no live node at {}, in the final window ({span})",
+                    show_us(probe_us)
+                ),
             );
         }
     }

@@ -1,6 +1,7 @@
 //! The simulation's tests: the CI seed budget, one seed on demand, the
 //! soak, the mutation check and the drift bound.
 
+use super::checker::Rule;
 use super::*;
 
 /// Seeds per CI run (`FIEF_SEEDS` overrides it: the long soak).
@@ -21,13 +22,15 @@ fn base() -> u64 {
         .unwrap_or(0)
 }
 
-/// Run `count` seeds from `base` with `make`; the failing reports.
+/// Run `count` seeds from `base` with `make`; the failing reports. The
+/// sweep stops early once a report satisfies `enough`.
 fn sweep(
     base: u64,
     count: u64,
-    first_only: bool,
+    enough: impl Fn(&Report) -> bool + Sync,
     make: impl Fn(u64) -> Config + Sync,
 ) -> (Vec<Report>, Stats, u64) {
+    let enough = &enough;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let make = &make;
     let found = std::sync::atomic::AtomicBool::new(false);
@@ -40,14 +43,14 @@ fn sweep(
                     let mut stats = Stats::default();
                     let mut events = 0;
                     let mut seed = base + w;
-                    while seed < base + count
-                        && !(first_only && found.load(std::sync::atomic::Ordering::Relaxed))
-                    {
+                    while seed < base + count && !found.load(std::sync::atomic::Ordering::Relaxed) {
                         let report = run(make(seed));
                         stats.add(&report.stats);
                         events += report.events;
-                        if !report.violations.is_empty() {
+                        if enough(&report) {
                             found.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        if !report.violations.is_empty() {
                             failed.push(report);
                         }
                         seed += workers;
@@ -79,7 +82,7 @@ fn sweep(
 fn seeds_find_no_violation() {
     let (count, base) = (seeds(), base());
     let started = std::time::Instant::now();
-    let (failed, stats, events) = sweep(base, count, false, Config::new);
+    let (failed, stats, events) = sweep(base, count, |_| false, Config::new);
     eprintln!(
         "simulated {count} seeds from {base} in {:.1?}: {events} events, {stats:?}, {} failing",
         started.elapsed(),
@@ -93,6 +96,8 @@ fn seeds_find_no_violation() {
     assert!(stats.processed > count * 1_000, "{stats:?}");
     assert!(stats.fences > count / 2, "{stats:?}");
     assert!(stats.handoffs > count, "{stats:?}");
+    assert!(stats.retries > count, "{stats:?}");
+    assert!(stats.windows > count * 9 / 10, "{stats:?}");
 }
 
 /// `FIEF_SEED=<n>`: run one seed and print its report and whole trace.
@@ -108,8 +113,9 @@ fn one_seed() {
             "fence-at-ttl" => Mutation::FenceAtTtl,
             "skip-owner-recheck" => Mutation::SkipOwnerRecheck,
             "arbiter-early-expiry" => Mutation::ArbiterEarlyExpiry,
+            "reap-hangs" => Mutation::ReapHangs,
             other => panic!(
-                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck or arbiter-early-expiry"
+                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry or reap-hangs"
             ),
         });
     }
@@ -136,36 +142,56 @@ fn a_seed_reproduces_exactly() {
     }
 }
 
-fn catches(mutation: Option<Mutation>, drift_ppm: Option<u32>) -> Option<Report> {
-    let (failed, _, _) = sweep(0, CI_SEEDS, true, |seed| Config {
+/// The first seed of the CI budget whose run under `mutation` and
+/// `drift_ppm` breaks one of `rules`.
+fn catches(mutation: Option<Mutation>, drift_ppm: Option<u32>, rules: &[Rule]) -> Option<Report> {
+    let caught = |r: &Report| r.violations.iter().any(|v| rules.contains(&v.rule));
+    let (failed, _, _) = sweep(0, CI_SEEDS, caught, |seed| Config {
         mutation,
         drift_ppm,
         ..Config::new(seed)
     });
-    failed.into_iter().next()
+    failed.into_iter().find(|r| caught(r))
 }
 
-/// Mutation check: fencing at the TTL instead of TTL − margin is caught.
+/// Mutation check: fencing at the TTL instead of TTL − margin is caught,
+/// as a node processing on a lease the arbiter judged expired.
 #[test]
 fn mutation_fence_at_ttl_is_caught() {
-    let report =
-        catches(Some(Mutation::FenceAtTtl), None).expect("the checker missed fence-at-ttl");
+    let report = catches(Some(Mutation::FenceAtTtl), None, &[Rule::FencedProcessing])
+        .expect("the checker missed fence-at-ttl");
     eprintln!("{}", report.render());
 }
 
-/// Mutation check: an owner that skips the re-check is caught.
+/// Mutation check: an owner that skips the re-check is caught, as two
+/// live processes of a key or a fenced node processing.
 #[test]
 fn mutation_skip_owner_recheck_is_caught() {
-    let report = catches(Some(Mutation::SkipOwnerRecheck), None)
-        .expect("the checker missed skip-owner-recheck");
+    let report = catches(
+        Some(Mutation::SkipOwnerRecheck),
+        None,
+        &[Rule::TwoLiveProcesses, Rule::FencedProcessing],
+    )
+    .expect("the checker missed skip-owner-recheck");
     eprintln!("{}", report.render());
 }
 
-/// Mutation check: an arbiter that expires leases early is caught.
+/// Mutation check: an arbiter that expires leases early is caught, as a
+/// partition moved while its owner's lease was current.
 #[test]
 fn mutation_arbiter_early_expiry_is_caught() {
-    let report = catches(Some(Mutation::ArbiterEarlyExpiry), None)
+    let report = catches(Some(Mutation::ArbiterEarlyExpiry), None, &[Rule::EarlyMove])
         .expect("the checker missed arbiter-early-expiry");
+    eprintln!("{}", report.render());
+}
+
+/// Mutation check: an executor whose reap hangs on survivors is caught by
+/// the liveness rule (the node never adopts a table that gives it their
+/// partition back).
+#[test]
+fn mutation_reap_hangs_is_caught() {
+    let report = catches(Some(Mutation::ReapHangs), None, &[Rule::Liveness])
+        .expect("the checker missed reap-hangs");
     eprintln!("{}", report.render());
 }
 
@@ -174,6 +200,15 @@ fn mutation_arbiter_early_expiry_is_caught() {
 /// arbiter's expiry) is what breaks single ownership.
 #[test]
 fn drift_beyond_the_bound_breaks_ownership() {
-    let report = catches(None, Some(300_000)).expect("30% drift should break single ownership");
+    let report = catches(
+        None,
+        Some(300_000),
+        &[
+            Rule::FencedProcessing,
+            Rule::TwoLiveProcesses,
+            Rule::EarlyMove,
+        ],
+    )
+    .expect("30% drift should break single ownership");
     eprintln!("{}", report.render());
 }

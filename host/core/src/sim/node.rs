@@ -1,0 +1,468 @@
+//! One simulated node: its [`Membership`] (the real ownership protocol,
+//! unchanged) and the executor that carries out its effects as the node's
+//! I/O would — arbiter requests over the node's ordered link, peer messages
+//! and handoffs over the lossy network, the key processes' lives (stopped
+//! for a handoff, reaped from limbo, killed when the table takes their
+//! partition, killed or sent to limbo by a fence), and each message routed
+//! by `Membership::route` and forwarded to the owner it names.
+//!
+//! It must not decide anything about ownership: when to move, what to adopt,
+//! what to refuse, when to fence or leave are the membership's. This file
+//! only executes, with the delays a real executor has (a stop or a reap is
+//! answered 0–5 ms later, by an event), and feeds every answer back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::Mutation;
+use super::timing;
+use super::world::{Call, Ev, NodeClock, World, node_name};
+use crate::coordinator::lost;
+use crate::membership::{Effect, Membership, MembershipConfig, OpId, PeerMessage};
+use crate::ownership::{NodeId, Route};
+use crate::partition::PartitionCount;
+use crate::time::Instant;
+
+/// How long a leave may take.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a move's handoff or transfer may take (the node's call timeout).
+const STEP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The longest an executor takes to stop keys for a handoff or to reap
+/// survivors, µs.
+const EXECUTOR_DELAY_US: u64 = 5_000;
+
+/// How a key module answers the fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    Terminate,
+    Continue,
+    /// `handle-fence` answers continue (true) or stop (false).
+    Callback(bool),
+}
+
+#[derive(Debug)]
+pub(super) struct SimNode {
+    pub(super) id: NodeId,
+    pub(super) up: bool,
+    pub(super) incarnation: u64,
+    pub(super) paused_until: Option<u64>,
+    pub(super) clock: NodeClock,
+    pub(super) membership: Membership,
+    /// Live key processes.
+    pub(super) keys: BTreeMap<String, Mode>,
+    /// Survivors of a fence, until reaped.
+    pub(super) limbo: BTreeSet<String>,
+    /// Forwarded messages their receiver did not serve, waiting for the
+    /// table refresh they asked for: (message, key, the epoch routed on).
+    retries: BTreeMap<OpId, (u64, String, u64)>,
+    pub(super) wake_gen: u64,
+    /// What reached the node while it was paused.
+    pub(super) deferred: Vec<Ev>,
+}
+
+impl SimNode {
+    /// A process that has not started (`up` once the world starts it).
+    pub(super) fn new(
+        id: NodeId,
+        clock: NodeClock,
+        incarnation: u64,
+        cfg: &super::Config,
+        partitions: PartitionCount,
+    ) -> Self {
+        let mut membership = Membership::new(MembershipConfig {
+            me: id.clone(),
+            timing: timing(),
+            partitions,
+            step_timeout: STEP_TIMEOUT,
+        });
+        if cfg.mutation == Some(Mutation::FenceAtTtl) {
+            membership.mutate_fence_at_ttl();
+        }
+        SimNode {
+            id,
+            up: false,
+            incarnation,
+            paused_until: None,
+            clock,
+            membership,
+            keys: BTreeMap::new(),
+            limbo: BTreeSet::new(),
+            retries: BTreeMap::new(),
+            wake_gen: 0,
+            deferred: Vec::new(),
+        }
+    }
+}
+
+impl World {
+    /// Give node `i`'s membership one input at the node's now, carry out
+    /// its effects, and schedule its next tick.
+    pub(super) fn input(
+        &mut self,
+        i: usize,
+        f: impl FnOnce(&mut Membership, Instant) -> Vec<Effect>,
+    ) {
+        let now = self.node_now(i);
+        let effects = f(&mut self.nodes[i].membership, now);
+        self.carry_out(i, effects);
+    }
+
+    /// Carry out `effects` of node `i`'s membership, then schedule its next
+    /// tick.
+    fn carry_out(&mut self, i: usize, effects: Vec<Effect>) {
+        for effect in effects {
+            self.execute(i, effect);
+        }
+        self.schedule_wake(i);
+    }
+
+    /// An event that reached node `i` (up, not paused, this incarnation).
+    pub(super) fn deliver(&mut self, ev: Ev) {
+        match ev {
+            Ev::Wake { node, nr } => {
+                if self.nodes[node].wake_gen == nr {
+                    self.input(node, |m, now| m.on_tick(now));
+                }
+            }
+            Ev::FromArbiter {
+                node, call, reply, ..
+            } => match call {
+                Call::Round(id) => self.input(node, |m, now| m.on_reply(now, id, reply)),
+                Call::Op(op) => self.input(node, |m, now| m.on_op_reply(now, op, reply)),
+            },
+            Ev::Client { msg, key, node } => {
+                if !self.nodes[node].membership.is_stopped() {
+                    self.checker.asked(&key);
+                }
+                self.route(node, msg, key, false);
+            }
+            Ev::Forward {
+                msg,
+                key,
+                from,
+                from_inc,
+                to,
+                epoch,
+                retried,
+            } => {
+                if self.cfg.mutation == Some(Mutation::SkipOwnerRecheck) {
+                    return self.process(to, msg, &key);
+                }
+                // The owner's re-check: route again, never forward.
+                let now = self.node_now(to);
+                match self.nodes[to].membership.route(now, &key) {
+                    Route::Local { .. } => self.process(to, msg, &key),
+                    // "Not the owner" (or "fenced"): the sender may retry.
+                    _ if !retried => {
+                        let inc = from_inc;
+                        let answer = Ev::NotOwner {
+                            node: from,
+                            inc,
+                            msg,
+                            key,
+                            epoch,
+                        };
+                        self.call(to, from, answer);
+                    }
+                    _ => {}
+                }
+            }
+            Ev::NotOwner {
+                node,
+                msg,
+                key,
+                epoch,
+                ..
+            } => {
+                // As the node's `forward`: refresh the table, and route once
+                // more if it is newer than the one the message was sent on.
+                let now = self.node_now(node);
+                let (op, effects) = self.nodes[node].membership.refresh_table(now);
+                self.nodes[node].retries.insert(op, (msg, key, epoch));
+                self.carry_out(node, effects);
+            }
+            Ev::Peer { to, message } => match message {
+                PeerMessage::Move(moves) => {
+                    self.input(to, |m, now| m.on_move_request(now, moves));
+                }
+                PeerMessage::Nudge => {
+                    self.nodes[to].membership.nudge();
+                    self.schedule_wake(to);
+                }
+            },
+            Ev::Handoff {
+                from,
+                from_inc,
+                to,
+                op,
+            } => {
+                // The target keeps the states for the keys' next activation
+                // (not modelled: state is not what the checker judges).
+                self.send(
+                    to,
+                    from,
+                    Ev::HandoffAck {
+                        node: from,
+                        inc: from_inc,
+                        op,
+                    },
+                );
+            }
+            Ev::HandoffAck { node, op, .. } => {
+                self.input(node, |m, now| m.on_peer_done(now, op, Ok(())));
+            }
+            Ev::KeysStopped { node, op, .. } => {
+                self.input(node, |m, now| m.on_keys_stopped(now, op));
+            }
+            Ev::Reaped { node, op, .. } => self.input(node, |m, now| m.on_reaped(now, op)),
+            Ev::Leave { node } => {
+                let n = &self.nodes[node];
+                if !n.up || n.paused_until.is_some() || n.membership.is_stopped() {
+                    return;
+                }
+                self.log(|| format!("{}: leaving", node_name(node)));
+                self.fault_until(self.now + LEAVE_TIMEOUT.as_micros() as u64);
+                self.input(node, |m, now| m.begin_leave(now, LEAVE_TIMEOUT));
+            }
+            Ev::IdleStop { node, key, .. } => {
+                if self.nodes[node].keys.remove(&key).is_some() {
+                    self.log(|| format!("{}: {key} stopped (idle)", node_name(node)));
+                }
+            }
+            other => unreachable!("not a node's event: {other:?}"),
+        }
+    }
+
+    /// Carry out one effect of node `i`'s membership.
+    fn execute(&mut self, i: usize, effect: Effect) {
+        let inc = self.nodes[i].incarnation;
+        let name = node_name(i);
+        match effect {
+            Effect::Arbiter { id, request } => self.request_arbiter(i, Call::Round(id), request),
+            Effect::ArbiterOp { op, request } => self.request_arbiter(i, Call::Op(op), request),
+            Effect::Peer { addr, message, .. } => {
+                if let Some(to) = self.by_addr(&addr) {
+                    self.send(i, to, Ev::Peer { to, message });
+                }
+            }
+            Effect::StopForHandoff { op, partitions } => {
+                let p = self.partitions;
+                let node = &mut self.nodes[i];
+                let stopped: Vec<String> = node
+                    .keys
+                    .keys()
+                    .filter(|k| partitions.contains(&p.of(k)))
+                    .cloned()
+                    .collect();
+                for k in &stopped {
+                    node.keys.remove(k);
+                }
+                self.log(|| format!("{name}: stopping {partitions:?} for handoff: {stopped:?}"));
+                let delay = self.rng.u64(0..=EXECUTOR_DELAY_US);
+                self.after(delay, Ev::KeysStopped { node: i, inc, op });
+            }
+            Effect::SendHandoff {
+                op,
+                to,
+                addr,
+                partitions,
+                ..
+            } => {
+                self.log(|| format!("{name}: handing {partitions:?} to {to}"));
+                if let Some(t) = self.by_addr(&addr) {
+                    self.send(
+                        i,
+                        t,
+                        Ev::Handoff {
+                            from: i,
+                            from_inc: inc,
+                            to: t,
+                            op,
+                        },
+                    );
+                }
+            }
+            Effect::MoveEnded { move_id, outcome } => {
+                self.log(|| format!("{name}: move {} ended: {outcome:?}", move_id.0));
+            }
+            Effect::Reap { op, partitions } => {
+                let p = self.partitions;
+                let node = &mut self.nodes[i];
+                if self.cfg.mutation == Some(Mutation::ReapHangs)
+                    && node.limbo.iter().any(|k| partitions.contains(&p.of(k)))
+                {
+                    return self.log(|| format!("{name}: reaping {partitions:?} hangs"));
+                }
+                let before = node.limbo.len();
+                node.limbo.retain(|k| !partitions.contains(&p.of(k)));
+                let reaped = before - node.limbo.len();
+                self.log(|| format!("{name}: reaping {partitions:?}: {reaped} survivors"));
+                let delay = self.rng.u64(0..=EXECUTOR_DELAY_US);
+                self.after(delay, Ev::Reaped { node: i, inc, op });
+            }
+            Effect::LeaseGranted(lease) => {
+                self.log(|| format!("{name}: lease {} granted", lease.0));
+            }
+            Effect::Fence { cause } => self.fence(i, cause),
+            Effect::TableChanged => {
+                let p = self.partitions;
+                let node = &mut self.nodes[i];
+                let table = node.membership.table();
+                let killed: Vec<String> = node
+                    .keys
+                    .keys()
+                    .filter(|k| lost(table, &node.id, p.of(k)))
+                    .cloned()
+                    .collect();
+                for k in &killed {
+                    node.keys.remove(k);
+                }
+                let epoch = table.epoch();
+                self.log(|| format!("{name}: adopted table epoch {epoch}, killed {killed:?}"));
+            }
+            Effect::MembersChanged => {
+                let members: Vec<String> = self.nodes[i]
+                    .membership
+                    .members()
+                    .keys()
+                    .map(NodeId::to_string)
+                    .collect();
+                self.log(|| format!("{name}: members [{}]", members.join(" ")));
+            }
+            Effect::Refreshed { op, changed } => {
+                self.log(|| format!("{name}: refresh {} ended, changed {changed}", op.0));
+                let Some((msg, key, epoch)) = self.nodes[i].retries.remove(&op) else {
+                    return;
+                };
+                if changed || self.nodes[i].membership.table().epoch() > epoch {
+                    self.checker.stats.retries += 1;
+                    self.log(|| format!("{name}: routes message {msg} for {key} once more"));
+                    self.route(i, msg, key, true);
+                }
+            }
+            Effect::LeaveDone(outcome) => self.log(|| format!("{name}: leave ended: {outcome:?}")),
+            Effect::Ready => {}
+        }
+    }
+
+    /// A message for `key` reached node `i`: route it as the node does
+    /// (`retried`: a second attempt, after a refresh).
+    fn route(&mut self, i: usize, msg: u64, key: String, retried: bool) {
+        let now = self.node_now(i);
+        match self.nodes[i].membership.route(now, &key) {
+            Route::Local { .. } => self.process(i, msg, &key),
+            Route::Forward { owner, .. } => {
+                // The node forwards to the address the arbiter lists.
+                let addr = self.nodes[i]
+                    .membership
+                    .members()
+                    .get(&owner)
+                    .and_then(|m| m.peer_addr.clone());
+                if let Some(to) = addr.and_then(|a| self.by_addr(&a)) {
+                    let forward = Ev::Forward {
+                        msg,
+                        key,
+                        from: i,
+                        from_inc: self.nodes[i].incarnation,
+                        to,
+                        epoch: self.nodes[i].membership.table().epoch(),
+                        retried,
+                    };
+                    self.call(i, to, forward);
+                }
+            }
+            Route::Refuse(_) => {}
+        }
+    }
+
+    /// `NodeShared::fence`: terminate keys die, survivors go to limbo.
+    fn fence(&mut self, i: usize, cause: &str) {
+        let node = &mut self.nodes[i];
+        for (key, mode) in std::mem::take(&mut node.keys) {
+            match mode {
+                Mode::Terminate | Mode::Callback(false) => {}
+                Mode::Continue | Mode::Callback(true) => {
+                    node.limbo.insert(key);
+                }
+            }
+        }
+        self.checker.stats.fences += 1;
+        self.log(|| format!("{}: FENCED ({cause})", node_name(i)));
+    }
+
+    /// Whether node `i` can act now: up, not paused, lease current on its
+    /// own clock (the side-effect gate's test).
+    fn can_act(&mut self, i: usize) -> bool {
+        let now = self.node_now(i);
+        let node = &mut self.nodes[i];
+        node.up && node.paused_until.is_none() && node.membership.status(now).is_current()
+    }
+
+    /// Node `i` resumed from a pause: can its surviving terminate processes
+    /// act beside another node's?
+    pub(super) fn check_resumed(&mut self, i: usize) {
+        if !self.can_act(i) {
+            return;
+        }
+        let mut overlaps = BTreeMap::new();
+        let keys: Vec<String> = self.nodes[i]
+            .keys
+            .iter()
+            .filter(|(_, m)| **m == Mode::Terminate)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            for j in 0..self.nodes.len() {
+                if j != i
+                    && self.nodes[j].keys.get(&key) == Some(&Mode::Terminate)
+                    && self.can_act(j)
+                {
+                    overlaps.insert(key.clone(), self.nodes[j].id.clone());
+                }
+            }
+        }
+        let id = self.nodes[i].id.clone();
+        self.checker.resumed(self.now, &id, &overlaps);
+    }
+
+    /// Node `i` serves message `msg`: start the key's process if it has
+    /// none, then process.
+    fn process(&mut self, i: usize, msg: u64, key: &str) {
+        if !self.nodes[i].keys.contains_key(key) {
+            let mut others = Vec::new();
+            for j in 0..self.nodes.len() {
+                if j != i
+                    && self.nodes[j].keys.get(key) == Some(&Mode::Terminate)
+                    && self.can_act(j)
+                {
+                    others.push(self.nodes[j].id.clone());
+                }
+            }
+            let survivor = self.nodes[i].limbo.contains(key);
+            let id = self.nodes[i].id.clone();
+            self.checker
+                .life_started(self.now, &id, key, &others, survivor);
+            let mode = self
+                .keys
+                .iter()
+                .find(|(k, _)| k == key)
+                .map_or(Mode::Terminate, |(_, m)| *m);
+            self.nodes[i].keys.insert(key.to_owned(), mode);
+            self.log(|| format!("{id}: {key} started"));
+            if self.rng.u32(0..100) < 20 {
+                let inc = self.nodes[i].incarnation;
+                let idle = self.rng.u64(10_000..3_000_000);
+                let key = key.to_owned();
+                self.after(idle, Ev::IdleStop { node: i, inc, key });
+            }
+        }
+        let current = self.can_act(i);
+        let lease = self.nodes[i].membership.lease_id();
+        let id = self.nodes[i].id.clone();
+        self.checker
+            .processed(self.now, &id, lease, current, msg, key);
+        self.log(|| format!("{id}: processed message {msg} for {key}"));
+    }
+}
