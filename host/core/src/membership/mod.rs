@@ -296,6 +296,22 @@ pub struct Membership {
     stopped: bool,
     /// A round ended while its table waited for a reap: say ready after.
     ready_pending: bool,
+    /// The simulation's mutations of this state machine's rules.
+    #[cfg(any(test, feature = "sim"))]
+    mutations: Mutations,
+}
+
+/// Deliberate bugs in the rules above, for the simulation's mutation
+/// checks: each must be caught by the checker.
+#[cfg(any(test, feature = "sim"))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mutations {
+    /// A move serves its partitions again as soon as it sends the
+    /// transfer, instead of after the transfer's table is adopted.
+    pub drain_released_at_transfer: bool,
+    /// A newer table is adopted without reaping its gained partitions'
+    /// survivors first.
+    pub adopt_without_reap: bool,
 }
 
 impl Membership {
@@ -322,6 +338,8 @@ impl Membership {
             leave: None,
             stopped: false,
             ready_pending: false,
+            #[cfg(any(test, feature = "sim"))]
+            mutations: Mutations::default(),
         }
     }
 
@@ -330,6 +348,22 @@ impl Membership {
     #[cfg(any(test, feature = "sim"))]
     pub fn mutate_fence_at_ttl(&mut self) {
         self.coord.mutate_fence_at_ttl();
+    }
+
+    /// Break the rules named in `mutations` (the simulation's checks).
+    #[cfg(any(test, feature = "sim"))]
+    pub fn mutate(&mut self, mutations: Mutations) {
+        self.mutations = mutations;
+    }
+
+    fn mutated(&self, pick: impl Fn(&Mutations) -> bool) -> bool {
+        #[cfg(any(test, feature = "sim"))]
+        return pick(&self.mutations);
+        #[cfg(not(any(test, feature = "sim")))]
+        {
+            let _ = pick;
+            false
+        }
     }
 
     // ---- Reading. ----
@@ -699,7 +733,7 @@ impl Membership {
             return self.then(now, then, false, out);
         };
         let reaping: BTreeSet<PartitionId> = gained.difference(&self.reaped).copied().collect();
-        if !reaping.is_empty() {
+        if !reaping.is_empty() && !self.mutated(|m| m.adopt_without_reap) {
             let op = self.op(OpKind::Reap, None);
             out.push(Effect::Reap {
                 op,

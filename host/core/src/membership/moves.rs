@@ -201,9 +201,17 @@ impl Membership {
         let Some(lease) = self.moves.current.as_ref().map(|m| m.lease) else {
             return;
         };
+        let early = self.mutated(|m| m.drain_released_at_transfer);
         let Some(t) = self.target_mut() else { return };
         t.step = Step::Transferring(transfer);
         let changes = t.partitions.iter().map(|p| (*p, t.to.clone())).collect();
+        if early {
+            let partitions = t.partitions.clone();
+            for p in &partitions {
+                self.draining.remove(p);
+            }
+            self.view_dirty = true;
+        }
         out.push(Effect::ArbiterOp {
             op: transfer,
             request: Request::Transfer(lease, changes),

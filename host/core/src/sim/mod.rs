@@ -59,6 +59,12 @@ pub enum Mutation {
     /// never comes (the node's executor side, which the liveness rule
     /// judges).
     ReapHangs,
+    /// A move serves its partitions again once it sends the transfer,
+    /// before the transfer's table is adopted (a `Membership` rule).
+    DrainReleasedAtTransfer,
+    /// A table is adopted without reaping the survivors of what it gains
+    /// (a `Membership` rule).
+    AdoptWithoutReap,
 }
 
 /// What one run simulates.

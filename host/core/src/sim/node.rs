@@ -18,7 +18,7 @@ use super::Mutation;
 use super::timing;
 use super::world::{Call, Ev, NodeClock, World, node_name};
 use crate::coordinator::lost;
-use crate::membership::{Effect, Membership, MembershipConfig, OpId, PeerMessage};
+use crate::membership::{Effect, Membership, MembershipConfig, Mutations, OpId, PeerMessage};
 use crate::ownership::{NodeId, Route};
 use crate::partition::PartitionCount;
 use crate::time::Instant;
@@ -77,8 +77,17 @@ impl SimNode {
             partitions,
             step_timeout: STEP_TIMEOUT,
         });
-        if cfg.mutation == Some(Mutation::FenceAtTtl) {
-            membership.mutate_fence_at_ttl();
+        match cfg.mutation {
+            Some(Mutation::FenceAtTtl) => membership.mutate_fence_at_ttl(),
+            Some(Mutation::DrainReleasedAtTransfer) => membership.mutate(Mutations {
+                drain_released_at_transfer: true,
+                ..Mutations::default()
+            }),
+            Some(Mutation::AdoptWithoutReap) => membership.mutate(Mutations {
+                adopt_without_reap: true,
+                ..Mutations::default()
+            }),
+            _ => {}
         }
         SimNode {
             id,
@@ -305,7 +314,7 @@ impl World {
             Effect::LeaseGranted(lease) => {
                 self.log(|| format!("{name}: lease {} granted", lease.0));
             }
-            Effect::Fence { cause } => self.fence(i, cause),
+            Effect::Fence { cause, .. } => self.fence(i, cause),
             Effect::TableChanged => {
                 let p = self.partitions;
                 let node = &mut self.nodes[i];

@@ -114,6 +114,8 @@ fn one_seed() {
             "skip-owner-recheck" => Mutation::SkipOwnerRecheck,
             "arbiter-early-expiry" => Mutation::ArbiterEarlyExpiry,
             "reap-hangs" => Mutation::ReapHangs,
+            "drain-released-at-transfer" => Mutation::DrainReleasedAtTransfer,
+            "adopt-without-reap" => Mutation::AdoptWithoutReap,
             other => panic!(
                 "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry or reap-hangs"
             ),
@@ -192,6 +194,34 @@ fn mutation_arbiter_early_expiry_is_caught() {
 fn mutation_reap_hangs_is_caught() {
     let report = catches(Some(Mutation::ReapHangs), None, &[Rule::Liveness])
         .expect("the checker missed reap-hangs");
+    eprintln!("{}", report.render());
+}
+
+/// Mutation check: a move that serves its partitions again while its
+/// transfer is in flight is caught (the target serves them too once the
+/// transfer commits).
+#[test]
+fn mutation_drain_released_at_transfer_is_caught() {
+    let report = catches(
+        Some(Mutation::DrainReleasedAtTransfer),
+        None,
+        &[Rule::TwoLiveProcesses, Rule::TwoOwners],
+    )
+    .expect("the checker missed drain-released-at-transfer");
+    eprintln!("{}", report.render());
+}
+
+/// Mutation check: adopting a table without reaping the survivors of the
+/// partitions it gains is caught, as a key started beside its own
+/// survivor.
+#[test]
+fn mutation_adopt_without_reap_is_caught() {
+    let report = catches(
+        Some(Mutation::AdoptWithoutReap),
+        None,
+        &[Rule::BesideSurvivor],
+    )
+    .expect("the checker missed adopt-without-reap");
     eprintln!("{}", report.render());
 }
 
