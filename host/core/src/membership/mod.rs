@@ -296,14 +296,14 @@ pub struct Membership {
     stopped: bool,
     /// A round ended while its table waited for a reap: say ready after.
     ready_pending: bool,
-    /// The simulation's mutations of this state machine's rules.
-    #[cfg(any(test, feature = "sim"))]
+    /// The simulation's mutations of this state machine's rules (none
+    /// outside it: only the `sim` feature can set them).
     mutations: Mutations,
 }
 
 /// Deliberate bugs in the rules above, for the simulation's mutation
-/// checks: each must be caught by the checker.
-#[cfg(any(test, feature = "sim"))]
+/// checks: each must be caught by the checker. Only the `sim` feature (or
+/// the crate's tests) can set them ([`Membership::mutate`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Mutations {
     /// A move serves its partitions again as soon as it sends the
@@ -338,7 +338,6 @@ impl Membership {
             leave: None,
             stopped: false,
             ready_pending: false,
-            #[cfg(any(test, feature = "sim"))]
             mutations: Mutations::default(),
         }
     }
@@ -357,13 +356,7 @@ impl Membership {
     }
 
     fn mutated(&self, pick: impl Fn(&Mutations) -> bool) -> bool {
-        #[cfg(any(test, feature = "sim"))]
-        return pick(&self.mutations);
-        #[cfg(not(any(test, feature = "sim")))]
-        {
-            let _ = pick;
-            false
-        }
+        pick(&self.mutations)
     }
 
     // ---- Reading. ----
