@@ -337,3 +337,48 @@ async fn a_call_routed_before_a_move_never_restarts_the_key_after_it() {
         .shutdown()
         .await;
 }
+
+/// A forward on a stale table refreshes it and tries once more (design.md,
+/// "Routing"). `n<s>` is cut from the arbiter while `n0` leaves, so its
+/// table still names `n0` for a key `n0` handed on; reconnected (no clock
+/// step: no round of its own has run), a call through it is forwarded to
+/// `n0`, which has left and refuses it as fenced; `n<s>` refreshes its table
+/// and routes once more, and the count goes on where it was. With the retry
+/// removed the call fails with `fenced`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forward_on_a_stale_table_refreshes_it_and_retries_once() {
+    let c = Cluster::start(3, &[("counter", guests::COUNTER)]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(0).await;
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "1");
+    // The stale node must not be the leader (the leader plans the moves).
+    let stale = if c.node(1).status().leader_term.is_some() {
+        2
+    } else {
+        1
+    };
+    c.set_arbiter_reachable(stale, false);
+    let leave = c.node(0).leave(Duration::from_secs(30));
+    tokio::pin!(leave);
+    let mut steps = 0;
+    let left = loop {
+        tokio::select! {
+            left = &mut leave => break left,
+            () = tokio::time::sleep(Duration::from_millis(20)) => {
+                // Well inside the stale node's fence point (4 s after its
+                // last renewal), so it still serves when reconnected.
+                assert!(steps < 25, "the leave took too long");
+                c.clock.advance(STEP);
+                steps += 1;
+            }
+        }
+    };
+    left.expect("n0 leaves");
+    c.set_arbiter_reachable(stale, true);
+    let node = c.node(stale);
+    assert_eq!(node.status().lease, fief::LeaseState::Current);
+    let epoch = c.arbiter_table().await.epoch();
+    assert!(node.status().epoch < epoch, "its table is stale");
+    assert_eq!(c.call(stale, &key, "incr").await.unwrap(), "2");
+    assert_eq!(node.status().epoch, epoch, "the refresh adopted the table");
+}

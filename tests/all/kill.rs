@@ -78,6 +78,36 @@ async fn a_spinning_key_is_killed_and_its_caller_is_told_why() {
     assert_killed(ended(spinning).await);
 }
 
+/// Guarantee 4: a message queued for a key that dies is answered with an
+/// error, not replayed into the next process. A call waits in the spinner's
+/// mailbox; the kill answers it (and the spinning call) with the key's
+/// death, and only a message sent afterwards starts a fresh process.
+#[tokio::test]
+async fn a_message_queued_for_a_key_that_dies_is_answered_with_an_error_not_replayed() {
+    let node = spin_node().await;
+    let spinning = start_spinning(&node, "q").await;
+    let queued = tokio::spawn({
+        let node = node.clone();
+        async move { node.call("spin", "q", b"ping".to_vec()).await }
+    });
+    // The queued call is in the mailbox once its bytes are charged to the
+    // key (the spinning call's were given back when it was taken out).
+    eventually(Duration::from_secs(10), "the call is queued", || {
+        node.keys()
+            .iter()
+            .any(|k| k.module == "spin" && k.key == "q" && k.host_bytes > 0)
+    })
+    .await;
+    assert!(node.kill_key("spin", "q"), "the spinner was live");
+    assert_killed(ended(spinning).await);
+    match ended(queued).await {
+        Err(Error::KeyDied(_)) => {}
+        other => panic!("the queued call must fail with the key's death, got {other:?}"),
+    }
+    // Nothing was replayed: the next message is the fresh process's first.
+    assert_eq!(call_text(&node, "spin", "q", "ping").await, "pong");
+}
+
 #[tokio::test]
 async fn a_key_killed_while_waiting_in_a_host_call_is_killed_at_once() {
     let node = spin_node().await;

@@ -546,7 +546,8 @@ impl Membership {
                 OpKind::Refresh(m.lease),
                 Some(now + m.cfg.timing.renew_interval()),
             );
-            if m.lease.is_none() {
+            // Nothing to adopt without a lease, or once the node left.
+            if m.lease.is_none() || m.stopped {
                 m.ops.remove(&id);
                 out.push(Effect::Refreshed {
                     op: id,

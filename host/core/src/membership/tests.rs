@@ -324,6 +324,9 @@ fn a_leave_waits_for_the_moves_then_fences_the_lease_before_releasing_it() {
         })]
     );
     assert_eq!(m.wake_at(), None);
+    // A node that left reads no table any more.
+    let (op, e) = m.refresh_table(at(80));
+    assert_eq!(e, vec![Effect::Refreshed { op, changed: false }]);
 }
 
 #[test]
