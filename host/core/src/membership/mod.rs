@@ -296,6 +296,9 @@ pub struct Membership {
     stopped: bool,
     /// A round ended while its table waited for a reap: say ready after.
     ready_pending: bool,
+    /// The table read of a refresh in flight, and the refreshes waiting
+    /// for its answer.
+    refresh_in_flight: Option<(OpId, Vec<OpId>)>,
     /// The simulation's mutations of this state machine's rules (none
     /// outside it: only the `sim` feature can set them).
     mutations: Mutations,
@@ -338,6 +341,7 @@ impl Membership {
             leave: None,
             stopped: false,
             ready_pending: false,
+            refresh_in_flight: None,
             mutations: Mutations::default(),
         }
     }
@@ -539,21 +543,32 @@ impl Membership {
 
     /// Read the table now, outside the round (a forwarded call found the
     /// owner gone): answered by [`Effect::Refreshed`] with the returned id.
+    /// One read at a time: a refresh asked while one is in flight (many
+    /// calls refused at once after a move) waits for that one's answer
+    /// instead of sending its own.
     pub fn refresh_table(&mut self, now: Instant) -> (OpId, Vec<Effect>) {
         let mut id = OpId(0);
         let out = self.input(now, |m, now, out| {
-            id = m.op(
-                OpKind::Refresh(m.lease),
-                Some(now + m.cfg.timing.renew_interval()),
-            );
+            m.next_op += 1;
+            id = OpId(m.next_op);
             // Nothing to adopt without a lease, or once the node left.
             if m.lease.is_none() || m.stopped {
-                m.ops.remove(&id);
                 out.push(Effect::Refreshed {
                     op: id,
                     changed: false,
                 });
+            } else if let Some((_, followers)) = m.refresh_in_flight.as_mut() {
+                followers.push(id);
             } else {
+                let deadline = now + m.cfg.timing.renew_interval();
+                m.ops.insert(
+                    id,
+                    Op {
+                        kind: OpKind::Refresh(m.lease),
+                        deadline: Some(deadline),
+                    },
+                );
+                m.refresh_in_flight = Some((id, Vec::new()));
                 out.push(Effect::ArbiterOp {
                     op: id,
                     request: Request::Table,
@@ -561,6 +576,21 @@ impl Membership {
             }
         });
         (id, out)
+    }
+
+    /// The refresh `op` ended: answer it and every refresh that waited on it.
+    fn refreshed(&mut self, op: OpId, changed: bool, out: &mut Vec<Effect>) {
+        out.push(Effect::Refreshed { op, changed });
+        if self
+            .refresh_in_flight
+            .as_ref()
+            .is_some_and(|(o, _)| *o == op)
+            && let Some((_, followers)) = self.refresh_in_flight.take()
+        {
+            for f in followers {
+                out.push(Effect::Refreshed { op: f, changed });
+            }
+        }
     }
 
     /// Fence now (an operator asked, the coordination loop crashed): as at
@@ -639,7 +669,7 @@ impl Membership {
                 Reply::Table(table) if lease.is_some() && lease == self.lease => {
                     self.adopt(now, table, Then::Refreshed(op), out);
                 }
-                _ => out.push(Effect::Refreshed { op, changed: false }),
+                _ => self.refreshed(op, false, out),
             },
             OpKind::Reap => {}
         }
@@ -759,7 +789,7 @@ impl Membership {
                     out.push(Effect::Ready);
                 }
             }
-            Then::Refreshed(op) => out.push(Effect::Refreshed { op, changed }),
+            Then::Refreshed(op) => self.refreshed(op, changed, out),
             Then::Moved => self.moved(now, out),
         }
     }
@@ -785,10 +815,7 @@ impl Membership {
         for (op, adoption) in std::mem::take(&mut self.adoptions) {
             self.ops.remove(&op);
             if let Then::Refreshed(r) = adoption.then {
-                out.push(Effect::Refreshed {
-                    op: r,
-                    changed: false,
-                });
+                self.refreshed(r, false, out);
             }
         }
         self.abandon_moves(out);

@@ -376,3 +376,28 @@ fn a_fence_during_a_leave_ends_it_as_fenced_without_a_rejoin() {
         vec![Effect::LeaveDone(LeaveOutcome::FencedWhileLeaving)]
     );
 }
+
+/// Many calls refused at once after a move each ask for a refresh: one
+/// table read goes out, and its answer answers them all.
+#[test]
+fn refreshes_asked_while_one_is_in_flight_share_its_read() {
+    let mut m = joined(three(), table());
+    let (first, e) = m.refresh_table(at(10));
+    assert_eq!(op_request(&e), Some((first, Request::Table)));
+    let (second, e) = m.refresh_table(at(11));
+    let (third, e3) = m.refresh_table(at(12));
+    assert!(
+        op_request(&e).is_none() && op_request(&e3).is_none(),
+        "no second read"
+    );
+    let e = m.on_op_reply(at(13), first, Reply::Table(table()));
+    for op in [first, second, third] {
+        assert!(
+            e.contains(&Effect::Refreshed { op, changed: false }),
+            "{op:?}: {e:?}"
+        );
+    }
+    // The next refresh reads again.
+    let (fourth, e) = m.refresh_table(at(14));
+    assert_eq!(op_request(&e), Some((fourth, Request::Table)));
+}
