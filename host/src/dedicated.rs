@@ -6,7 +6,7 @@
 //! and sockets only between task polls. Whatever must keep time under that
 //! load runs on a [`DedicatedRuntime`] instead: the coordination loop (lease
 //! renewal, the fence timer; `node/coordination.rs`) and the PostgreSQL arbiter's
-//! connections and statements (`arbiter/postgres.rs`). A thread that sleeps
+//! connections and statements (`arbiter/postgres/`). A thread that sleeps
 //! most of the time is also what the OS scheduler wakes first when the
 //! cores are busy.
 //!

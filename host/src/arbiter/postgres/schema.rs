@@ -1,0 +1,64 @@
+//! The arbiter's schema: three tables (leases, namespaces with their
+//! leadership, the partition table) and the module store, created by an
+//! idempotent migration every node runs at start, serialized by an advisory
+//! lock. It must not hold statements (`statements.rs` does).
+
+/// The migration: idempotent, run by every node at start.
+pub(super) const MIGRATION: &str = r#"
+CREATE TABLE IF NOT EXISTS fief_namespaces (
+    namespace    text PRIMARY KEY,
+    partitions   integer NOT NULL CHECK (partitions > 0),
+    epoch        bigint NOT NULL DEFAULT 0,
+    term         bigint NOT NULL DEFAULT 0,
+    leader_node  text,
+    leader_lease bigint
+);
+CREATE TABLE IF NOT EXISTS fief_leases (
+    namespace  text NOT NULL REFERENCES fief_namespaces (namespace),
+    node_id    text NOT NULL,
+    lease_id   bigint NOT NULL,
+    ttl_ms     bigint NOT NULL,
+    peer_addr  text,
+    leaving    boolean NOT NULL DEFAULT false,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (namespace, node_id)
+);
+CREATE TABLE IF NOT EXISTS fief_partitions (
+    namespace text NOT NULL REFERENCES fief_namespaces (namespace),
+    partition integer NOT NULL,
+    node_id   text,
+    token     bigint NOT NULL,
+    PRIMARY KEY (namespace, partition)
+);
+CREATE SEQUENCE IF NOT EXISTS fief_lease_ids;
+-- Added after 0.1.0's first schema; harmless when already there.
+ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS leaving boolean NOT NULL DEFAULT false;
+-- A graceful handoff records the token the previous owner held the partition
+-- under, so the new owner accepts only the states that transfer sent.
+ALTER TABLE fief_partitions ADD COLUMN IF NOT EXISTS handed_from bigint;
+-- The module store: one row per module name (kept after an undeploy, so
+-- version numbers are never reused), one per stored version with its bytes.
+CREATE TABLE IF NOT EXISTS fief_modules (
+    namespace       text NOT NULL REFERENCES fief_namespaces (namespace),
+    name            text NOT NULL,
+    last_version    bigint NOT NULL,
+    current_version bigint,
+    PRIMARY KEY (namespace, name)
+);
+CREATE TABLE IF NOT EXISTS fief_module_versions (
+    namespace    text NOT NULL,
+    name         text NOT NULL,
+    version      bigint NOT NULL,
+    content_hash text NOT NULL,
+    size_bytes   bigint NOT NULL,
+    options      text NOT NULL,
+    deployed_by  text NOT NULL,
+    deployed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    bytes        bytea NOT NULL,
+    PRIMARY KEY (namespace, name, version),
+    FOREIGN KEY (namespace, name) REFERENCES fief_modules (namespace, name)
+);
+"#;
+
+/// Key of the advisory lock that serializes migrations.
+pub(super) const MIGRATION_LOCK: i64 = 0x66_69_65_66; // "fief"
