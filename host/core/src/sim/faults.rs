@@ -1,7 +1,8 @@
 //! The seeded faults: which ones a run gets and when (2–13 in the first
 //! `Config::duration`, then the calm), and what each does to the world —
 //! crash and restart (a fresh process: a new `Membership`, nothing in
-//! limbo), pause and resume (what reached the node waits), node ↔ arbiter
+//! limbo), a crash of the coordination loop alone (the node fences, its
+//! survivors live on, its ticks stop for a renewal interval), pause and resume (what reached the node waits), node ↔ arbiter
 //! and node ↔ node cuts, an arbiter outage, the heals, and the calm. Every
 //! fault records when it ends, which places the liveness window.
 //!
@@ -31,7 +32,7 @@ impl World {
         for _ in 0..count {
             let at = self.rng.u64(1_000_000..end);
             let node = self.rng.usize(0..n);
-            let ev = match self.rng.u8(0..9) {
+            let ev = match self.rng.u8(0..10) {
                 0 => Ev::Crash { node },
                 1 => Ev::Pause {
                     node,
@@ -65,6 +66,7 @@ impl World {
                     node,
                     for_us: self.rng.u64(ttl..3 * ttl),
                 },
+                8 => Ev::CoordinationCrash { node },
                 _ => {
                     // A partition cutting a node from every peer (both ways).
                     for b in 0..n {
@@ -97,6 +99,23 @@ impl World {
     pub(super) fn fault(&mut self, ev: Ev) {
         match ev {
             Ev::Crash { node } => self.crash(node),
+            Ev::CoordinationCrash { node } => {
+                let n = &mut self.nodes[node];
+                if !n.up || n.paused_until.is_some() || n.membership.is_stopped() {
+                    return;
+                }
+                // As the node's supervisor: fence now, restart the loop one
+                // renewal interval later; the rejoin waits for the arbiter
+                // to expire the old lease (up to a TTL).
+                let renew = timing().renew_interval().as_micros() as u64;
+                let ttl = timing().lease_ttl().as_micros() as u64;
+                n.ticks_held_until = self.now + renew;
+                self.fault_until(self.now + ttl + renew);
+                self.log(|| format!("{}: its coordination loop CRASHED", node_name(node)));
+                self.input(node, |m, now| {
+                    m.fence_now(now, "the coordination loop crashed")
+                });
+            }
             Ev::Restart { node } => self.restart(node),
             Ev::Pause { node, for_us } => {
                 let n = &mut self.nodes[node];

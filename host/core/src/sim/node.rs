@@ -58,6 +58,9 @@ pub(super) struct SimNode {
     /// table refresh they asked for: (message, key, the epoch routed on).
     retries: BTreeMap<OpId, (u64, String, u64)>,
     pub(super) wake_gen: u64,
+    /// No tick before this global instant (µs): its coordination loop
+    /// crashed and waits to be restarted.
+    pub(super) ticks_held_until: u64,
     /// What reached the node while it was paused.
     pub(super) deferred: Vec<Ev>,
 }
@@ -100,6 +103,7 @@ impl SimNode {
             limbo: BTreeSet::new(),
             retries: BTreeMap::new(),
             wake_gen: 0,
+            ticks_held_until: 0,
             deferred: Vec::new(),
         }
     }

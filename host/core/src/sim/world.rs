@@ -148,6 +148,12 @@ pub(super) enum Ev {
     Crash {
         node: usize,
     },
+    /// The node's coordination loop crashes: it fences, and its ticks stop
+    /// for a renewal interval (the node's supervisor restarts the loop
+    /// then); answers to what it asked still arrive.
+    CoordinationCrash {
+        node: usize,
+    },
     Restart {
         node: usize,
     },
@@ -537,7 +543,10 @@ impl World {
         let Some(wake) = node.membership.wake_at() else {
             return;
         };
-        let at = node.clock.global_of(wake, self.now);
+        let at = node
+            .clock
+            .global_of(wake, self.now)
+            .max(node.ticks_held_until);
         self.at(at, Ev::Wake { node: i, nr });
     }
 
@@ -560,6 +569,7 @@ impl World {
                 req,
             } => self.arbiter_request(node, inc, call, req),
             ev @ (Ev::Crash { .. }
+            | Ev::CoordinationCrash { .. }
             | Ev::Restart { .. }
             | Ev::Pause { .. }
             | Ev::Resume { .. }
