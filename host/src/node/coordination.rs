@@ -5,7 +5,8 @@
 //! input goes through [`NodeShared::apply`]: under the membership's lock it
 //! feeds the input and publishes the routing view and the members for
 //! lock-free readers; then, in emission order (under the `executing` lock,
-//! taken before the membership's is released), it carries out the effects:
+//! taken before the membership's and held until the effects are carried
+//! out, so feeds never interleave), it carries out the effects:
 //! arbiter requests and reaps as tasks on the coordination thread, key stops
 //! and handoffs as tasks on the node's runtime (`moves.rs`), the fence
 //! (every `terminate` key killed, survivors to limbo, the cache and waiting
@@ -62,6 +63,11 @@ impl NodeShared {
         self: &Arc<Self>,
         input: impl FnOnce(&mut Membership, Instant) -> (R, Vec<Effect>),
     ) -> R {
+        // `executing` first, then the membership: effects run in the order
+        // the membership emitted them, and a reader of the membership
+        // (`status`, say from an observer the fence reports to) never waits
+        // for effects to finish.
+        let executing = lock(&self.executing);
         let mut m = lock(&self.membership);
         let now = self.clock.now();
         let (result, effects) = input(&mut m, now);
@@ -78,7 +84,6 @@ impl NodeShared {
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = m.members().clone();
         }
-        let executing = lock(&self.executing);
         drop(m);
         for effect in effects {
             self.execute(effect);

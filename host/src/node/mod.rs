@@ -97,8 +97,9 @@ pub(crate) struct NodeShared {
     fence_gate: Arc<fief_core::FenceGate>,
     /// The routing view (table and held partitions) as last published.
     view: RwLock<Arc<RoutingView>>,
-    /// Held while effects are carried out, taken before `membership` is
-    /// released: effects run in the order the membership emitted them.
+    /// Held by each input from before `membership` is taken until its
+    /// effects are carried out: effects run in the order the membership
+    /// emitted them, and readers of `membership` never wait for effects.
     executing: Mutex<()>,
     /// Handoff states collected by a move out, until it ends.
     move_states: Mutex<HashMap<OpId, Vec<HandoffEntry>>>,
