@@ -236,8 +236,13 @@ async fn the_dashboard_shows_a_killed_nodes_partitions_move() {
     .await;
     let second = screenshot(&client, "2-node-killed.png").await;
     assert_eq!(after.total, before.total);
+    // Together: which survivor gets which orphan depends on how balanced
+    // the two were when `before` was read (a rebalance may have been under
+    // way; least-loaded first can give every orphan to one of them).
+    let survivors_before: u64 = after.cells.keys().map(|node| before.cells[node]).sum();
+    let survivors_after: u64 = after.cells.values().sum();
     assert!(
-        after.cells.iter().all(|(node, n)| *n > before.cells[node]),
+        survivors_after == after.total && survivors_after > survivors_before,
         "the survivors took the killed node's partitions: before {before:#?}, after {after:#?}"
     );
     eprintln!(

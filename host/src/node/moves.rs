@@ -132,7 +132,23 @@ impl NodeShared {
             }
             lock(&node.move_states).insert(op, entries);
             node.apply(|m, now| m.on_keys_stopped(now, op));
+            node.drop_states_of_ended_move(op);
         });
+    }
+
+    /// A move that ended (a fence) while its task was stopping keys or
+    /// sending states: what that task kept under its id is dropped, not
+    /// left behind (`move_ended` ran before the task put it there).
+    fn drop_states_of_ended_move(&self, move_id: OpId) {
+        if lock(&self.membership).is_moving(move_id) {
+            return;
+        }
+        if let Some(entries) = lock(&self.move_states).remove(&move_id)
+            && !entries.is_empty()
+        {
+            tracing::warn!(node = %self.node_id, dropped = entries.len(), "a move's handoff states were dropped by the fence");
+            self.metrics.handoff_states("dropped_fence", entries.len());
+        }
     }
 
     /// Send the states of move `move_id`, and those waiting here for keys
@@ -174,6 +190,7 @@ impl NodeShared {
                 }
             }
             node.apply(|m, now| m.on_peer_done(now, op, result));
+            node.drop_states_of_ended_move(move_id);
         });
     }
 

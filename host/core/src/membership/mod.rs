@@ -440,6 +440,12 @@ impl Membership {
         self.view.route(&self.cfg.me, status, key)
     }
 
+    /// Whether `move_id` (a [`Effect::StopForHandoff`]'s op) is still in
+    /// progress: false once its [`Effect::MoveEnded`] was emitted.
+    pub fn is_moving(&self, move_id: OpId) -> bool {
+        self.moves.is_current(move_id)
+    }
+
     /// Whether a leave is under way, or done.
     pub fn is_leaving(&self) -> bool {
         self.leave.is_some() || self.stopped

@@ -58,6 +58,11 @@ enum Step {
 }
 
 impl Moves {
+    /// Whether `move_id` names the move to the current target.
+    pub(super) fn is_current(&self, move_id: OpId) -> bool {
+        self.target().is_some_and(|t| t.id == move_id)
+    }
+
     /// Whether `op` is the current target's handoff.
     pub(super) fn is_handing(&self, op: OpId) -> bool {
         self.target().is_some_and(|t| t.step == Step::Handing(op))

@@ -266,11 +266,13 @@ fn a_fence_drops_the_move_the_table_and_pending_adoptions_and_rejoins() {
     let Some(Effect::StopForHandoff { op: stop, .. }) = e.first().cloned() else {
         panic!()
     };
+    assert!(m.is_moving(stop));
     let e = m.fence_now(at(20), FENCE_REQUESTED);
     assert!(e.contains(&Effect::MoveEnded {
         move_id: stop,
         outcome: MoveOutcome::Dropped
     }));
+    assert!(!m.is_moving(stop), "ended: its states must not be kept");
     assert!(
         e.iter()
             .any(|e| matches!(e, Effect::Fence { cause, .. } if *cause == FENCE_REQUESTED))
