@@ -188,8 +188,7 @@ impl KeyCtx {
                 scheduler.release(&seat);
                 let cpu = self.cpu.clone();
                 Box::pin(async move {
-                    tokio::time::sleep(wait).await;
-                    cpu.throttled(wait);
+                    cpu.sit_out(wait).await;
                     scheduler.next_turn(&tenant, &seat).await;
                 })
             }

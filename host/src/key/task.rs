@@ -66,6 +66,7 @@ pub(super) async fn run_key(
         node.metrics.key_cpu_counters(&env.module),
         node.tenant_cpu
             .of(tenant, || node.metrics.tenant_cpu_counters(tenant)),
+        module.options.cpu_budget < crate::cpu_budget::CpuShare::WHOLE_CORE,
     ));
     let (scheduler, seat) = (node.runtime.scheduler.clone(), Arc::new(Seat::default()));
     let mut task = Box::pin(drive_key(
@@ -264,7 +265,8 @@ async fn drive_key(
         // A key over its CPU budget waits before its next callback (it is
         // throttled, not killed).
         if let Some(wait) = process.throttle() {
-            let throttled = tokio::time::sleep(wait);
+            let cpu = process.cpu.clone();
+            let throttled = cpu.sit_out(wait);
             tokio::pin!(throttled);
             tokio::select! {
                 biased;
@@ -275,7 +277,7 @@ async fn drive_key(
                     )));
                     break Exit::Killed;
                 }
-                () = &mut throttled => process.cpu.throttled(wait),
+                () = &mut throttled => {}
             }
         }
         if let Some(at) = checked_at {
