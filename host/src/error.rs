@@ -87,6 +87,21 @@ pub enum Error {
         /// What went wrong.
         why: String,
     },
+    /// A message was sent to the key's owner, and the connection closed
+    /// before its answer came back: the owner may have processed it. It is
+    /// not retried on another route (that could process it twice).
+    #[error(
+        "the message reached node {owner:?}, the key's owner, but the connection closed before its answer came back: it may or may not have been processed; retry only if processing it twice is harmless"
+    )]
+    AnswerLost {
+        /// The owner the message was sent to.
+        owner: String,
+    },
+    /// A second `leave` while one is under way on this node.
+    #[error(
+        "a leave is already under way on this node; wait for it (GET /v1/status shows the node leaving)"
+    )]
+    AlreadyLeaving,
     /// This node received a forwarded message for a key it does not own.
     #[error(
         "this node does not own the key (its table names {owner:?}); the sender's table is stale, retry shortly"
@@ -294,6 +309,8 @@ impl Error {
             Error::Fenced | Error::FencedWhileLeaving => "fenced",
             Error::Unowned(_) => "unowned",
             Error::OwnerUnreachable { .. } => "owner_unreachable",
+            Error::AnswerLost { .. } => "answer_lost",
+            Error::AlreadyLeaving => "already_leaving",
             Error::NotOwner { .. } => "not_owner",
             Error::Overloaded { .. } => "overloaded",
             Error::HostMemory { .. } => "host_memory",
@@ -337,7 +354,7 @@ impl Error {
             | Error::HandoffTooLarge { .. } => 413,
             Error::VersionConflict { .. } => 412,
             Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
-            Error::Deadlock => 409,
+            Error::Deadlock | Error::AlreadyLeaving => 409,
             Error::MethodNotAllowed(_) => 405,
             Error::Overloaded { .. }
             | Error::HostMemory { .. }
@@ -348,7 +365,9 @@ impl Error {
             Error::UriTooLong { .. } => 414,
             Error::HeadersTooLarge { .. } => 431,
             Error::KeyDied(_) | Error::Internal(_) => 500,
-            Error::OwnerUnreachable { .. } | Error::ReplyTooLarge { .. } => 502,
+            Error::OwnerUnreachable { .. }
+            | Error::AnswerLost { .. }
+            | Error::ReplyTooLarge { .. } => 502,
             Error::Fenced
             | Error::FencedWhileLeaving
             | Error::Unowned(_)

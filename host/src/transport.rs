@@ -399,9 +399,9 @@ impl PeerPool {
                 lock(&conn.pending).remove(&id);
                 Err(Error::Timeout(timeout))
             }
-            Ok(Err(_)) => Err(Error::OwnerUnreachable {
+            // Sent, maybe processed: not the owner being unreachable.
+            Ok(Err(_)) => Err(Error::AnswerLost {
                 owner: addr.to_owned(),
-                why: "the connection closed before the answer arrived".to_owned(),
             }),
             Ok(Ok(answer)) => answer.map_err(|e| e.into_error(addr)),
         }

@@ -28,6 +28,7 @@ pub mod ownership_checker;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +36,7 @@ use fief::arbiter::{Arbiter, ArbiterFuture, LeaseId, LocalArbiter, Member, Term}
 use fief::core::{Clock, NodeId, OwnershipTable, PartitionCount, PartitionId};
 use fief::{Error, Instance, LeaseState, ModuleOptions, NodeConfig, Status, SteppedClock};
 use fief_tests::{eventually, eventually_async, guests};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -213,6 +215,9 @@ impl Arbiter for TestArbiter {
 struct PeerProxy {
     addr: SocketAddr,
     up: Arc<Mutex<bool>>,
+    /// Set: the next link to carry bytes back from the node drops them and
+    /// closes (the node processed a request, its answer is lost).
+    lose_answer: Arc<AtomicBool>,
     links: Arc<Mutex<Vec<AbortHandle>>>,
     accept: AbortHandle,
 }
@@ -222,23 +227,24 @@ impl PeerProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let up = Arc::new(Mutex::new(true));
+        let lose_answer = Arc::new(AtomicBool::new(false));
         let links: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let accept = tokio::spawn({
-            let (up, links) = (up.clone(), links.clone());
+            let (up, links, lose_answer) = (up.clone(), links.clone(), lose_answer.clone());
             async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
+                while let Ok((inbound, _)) = listener.accept().await {
                     let mut links = links.lock().unwrap();
                     if !*up.lock().unwrap() {
                         // Cut: the connection is accepted and dropped at once.
                         drop(inbound);
                         continue;
                     }
+                    let lose_answer = lose_answer.clone();
                     let link = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(target).await {
+                        if let Ok(outbound) = TcpStream::connect(target).await {
                             let _ = inbound.set_nodelay(true);
                             let _ = outbound.set_nodelay(true);
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            relay(inbound, outbound, &lose_answer).await;
                         }
                     });
                     links.push(link.abort_handle());
@@ -249,6 +255,7 @@ impl PeerProxy {
         PeerProxy {
             addr,
             up,
+            lose_answer,
             links,
             accept,
         }
@@ -263,6 +270,34 @@ impl PeerProxy {
                 link.abort();
             }
         }
+    }
+}
+
+/// Carry bytes both ways between a peer (`inbound`) and the node
+/// (`outbound`) until either side closes; if `lose_answer` is set when the
+/// node sends something back, drop it, clear the flag and close both.
+async fn relay(mut inbound: TcpStream, mut outbound: TcpStream, lose_answer: &AtomicBool) {
+    let (mut from_peer, mut to_peer) = inbound.split();
+    let (mut from_node, mut to_node) = outbound.split();
+    let requests = tokio::io::copy(&mut from_peer, &mut to_node);
+    let answers = async {
+        let mut buf = vec![0; 64 * 1024];
+        loop {
+            let n = match from_node.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if lose_answer.swap(false, Ordering::SeqCst) {
+                return;
+            }
+            if to_peer.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = requests => {}
+        () = answers => {}
     }
 }
 
@@ -491,6 +526,13 @@ impl Cluster {
     /// links (row 3). Only in a [`Cluster::start_proxied`] cluster.
     pub fn set_peer_reachable(&self, i: usize, reachable: bool) {
         self.proxies[i].set_up(reachable);
+    }
+
+    /// Lose the next answer node `i` sends to a peer: the proxy drops it and
+    /// closes that connection, after the node processed the request. Only in
+    /// a [`Cluster::start_proxied`] cluster.
+    pub fn lose_next_answer_from(&self, i: usize) {
+        self.proxies[i].lose_answer.store(true, Ordering::SeqCst);
     }
 
     /// Make the arbiter hold (or release) node `i`'s `campaign` calls: the

@@ -65,12 +65,26 @@ async fn counters_at_five_on_n0(c: &Cluster) -> Vec<String> {
 
 /// `n<i>` leaves while the clock moves on; its report.
 async fn leave(c: &Cluster, i: usize) -> LeaveReport {
+    leave_within(c, i, u32::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("n{i} leaves: {e}"))
+}
+
+/// `n<i>` leaves while the clock moves on by at most `steps` steps (a test
+/// that must stay inside another node's fence point bounds it); how the
+/// leave ended.
+async fn leave_within(c: &Cluster, i: usize, steps: u32) -> Result<LeaveReport, Error> {
     let leave = c.node(i).leave(Duration::from_secs(60));
     tokio::pin!(leave);
+    let mut taken = 0;
     loop {
         tokio::select! {
-            left = &mut leave => return left.unwrap_or_else(|e| panic!("n{i} leaves: {e}")),
-            () = tokio::time::sleep(Duration::from_millis(20)) => c.clock.advance(STEP),
+            left = &mut leave => return left,
+            () = tokio::time::sleep(Duration::from_millis(20)) => {
+                assert!(taken < steps, "n{i}'s leave took more than {steps} clock steps");
+                c.clock.advance(STEP);
+                taken += 1;
+            }
         }
     }
 }
@@ -358,22 +372,9 @@ async fn a_forward_on_a_stale_table_refreshes_it_and_retries_once() {
         1
     };
     c.set_arbiter_reachable(stale, false);
-    let leave = c.node(0).leave(Duration::from_secs(30));
-    tokio::pin!(leave);
-    let mut steps = 0;
-    let left = loop {
-        tokio::select! {
-            left = &mut leave => break left,
-            () = tokio::time::sleep(Duration::from_millis(20)) => {
-                // Well inside the stale node's fence point (4 s after its
-                // last renewal), so it still serves when reconnected.
-                assert!(steps < 25, "the leave took too long");
-                c.clock.advance(STEP);
-                steps += 1;
-            }
-        }
-    };
-    left.expect("n0 leaves");
+    // Well inside the stale node's fence point (4 s after its last
+    // renewal), so it still serves when reconnected.
+    leave_within(&c, 0, 25).await.expect("n0 leaves");
     c.set_arbiter_reachable(stale, true);
     let node = c.node(stale);
     assert_eq!(node.status().lease, fief::LeaseState::Current);
@@ -381,4 +382,88 @@ async fn a_forward_on_a_stale_table_refreshes_it_and_retries_once() {
     assert!(node.status().epoch < epoch, "its table is stale");
     assert_eq!(c.call(stale, &key, "incr").await.unwrap(), "2");
     assert_eq!(node.status().epoch, epoch, "the refresh adopted the table");
+}
+
+/// A forward whose answer is lost is not retried (design.md, "Routing"):
+/// the owner may have processed it, and a retry on a newer table would
+/// process it twice. `n1`'s coordination round is held at the arbiter
+/// (`campaign`) while `n0` leaves, so its table is older than the
+/// arbiter's (its lease is still current); it forwards an `incr` to
+/// `n2`, the key's owner in both tables, which counts it, and the answer is
+/// lost on the way back (the connection closes). The caller is told
+/// `answer_lost`, and the next call shows the `incr` counted once. With the
+/// old retry on every closed connection, `n1` refreshed its table, found it
+/// newer and sent the `incr` again: the call answered "3".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forward_whose_answer_is_lost_is_not_retried() {
+    let c = Cluster::start_proxied(3, &[("counter", guests::COUNTER)]).await;
+    c.stabilize().await;
+    assert!(
+        c.node(0).status().leader_term.is_some(),
+        "n0 leads (it started first)"
+    );
+    let key = c.key_owned_by(2).await;
+    c.hold_campaign(1, true);
+    // Well inside n1's fence point (4 s after its last renewal).
+    leave_within(&c, 0, 25).await.expect("n0 leaves");
+    assert_eq!(c.node(1).status().lease, fief::LeaseState::Current);
+    let table = c.arbiter_table().await;
+    let partition = PartitionCount::new(PARTITIONS).unwrap().of(&key);
+    assert_eq!(
+        table.owner(partition).map(|a| a.node.to_string()),
+        Some("n2".to_owned()),
+        "n2 still owns the key"
+    );
+    assert!(
+        c.node(1).status().epoch < table.epoch(),
+        "n1's table is stale"
+    );
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "1");
+    c.lose_next_answer_from(2);
+    let lost = c.call(1, &key, "incr").await;
+    assert_eq!(
+        lost.as_ref().map_err(Error::code),
+        Err("answer_lost"),
+        "the incr whose answer was lost: {lost:?}"
+    );
+    assert_eq!(
+        c.call(1, &key, "incr").await.unwrap(),
+        "3",
+        "the lost incr was counted once"
+    );
+    c.hold_campaign(1, false);
+    c.check();
+}
+
+/// A second leave while one is under way is refused with `already_leaving`
+/// (409), and the first goes on to its end and hands its keys on. Before,
+/// the second took the first's waiter: it answered `internal` (500), and the
+/// first leave's caller never heard how its leave ended (it timed out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_leave_is_refused_and_the_first_goes_on() {
+    let c = Cluster::start(3, &[("counter", guests::COUNTER)]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(1).await;
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "1");
+    let first = c.node(1).leave(Duration::from_secs(60));
+    tokio::pin!(first);
+    // Poll the first once: it has begun.
+    tokio::select! {
+        biased;
+        left = &mut first => panic!("the leave ended at once: {left:?}"),
+        () = std::future::ready(()) => {}
+    }
+    let second = c.node(1).leave(Duration::from_secs(60)).await;
+    let refused = second.expect_err("a second leave is refused");
+    assert_eq!(refused.code(), "already_leaving", "{refused}");
+    assert_eq!(refused.http_status(), 409);
+    let report = loop {
+        tokio::select! {
+            left = &mut first => break left.expect("the first leave ends"),
+            () = tokio::time::sleep(Duration::from_millis(20)) => c.clock.advance(STEP),
+        }
+    };
+    assert!(report.lost_states.is_empty(), "{report:?}");
+    assert_eq!(c.call(0, &key, "incr").await.unwrap(), "2");
+    c.check();
 }

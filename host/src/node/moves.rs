@@ -272,16 +272,28 @@ impl Instance {
     /// error.
     pub async fn leave(&self, timeout: Duration) -> Result<LeaveReport> {
         let shared = &self.shared;
-        lock(&shared.leave_losses).clear();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        *lock(&shared.leave_waiter) = Some(tx);
+        {
+            // One leave at a time: a second must not take the first's
+            // waiter (its caller would never hear how the leave ended).
+            let mut waiter = lock(&shared.leave_waiter);
+            if waiter.is_some() {
+                return Err(Error::AlreadyLeaving);
+            }
+            *waiter = Some(tx);
+        }
+        lock(&shared.leave_losses).clear();
         shared.apply(|m, now| m.begin_leave(now, timeout));
         // Each arbiter step is bounded by the renewal interval; the wait for
         // the moves by `timeout`.
         let slack = shared.config.renew_interval * 4;
         let outcome = match tokio::time::timeout(timeout + slack, rx).await {
             Ok(Ok(outcome)) => outcome,
-            _ => return Err(Error::Timeout(timeout)),
+            _ => {
+                // No answer: let a later leave ask again.
+                lock(&shared.leave_waiter).take();
+                return Err(Error::Timeout(timeout));
+            }
         };
         let arbiter_error = |why: String| Error::OwnerUnreachable {
             owner: "the arbiter".to_owned(),
@@ -295,11 +307,7 @@ impl Instance {
             }
             LeaveOutcome::TimedOut => return Err(Error::Timeout(timeout)),
             LeaveOutcome::NotMember => return Err(Error::Fenced),
-            LeaveOutcome::AlreadyLeaving => {
-                return Err(Error::Internal(
-                    "a leave is already under way on this node".to_owned(),
-                ));
-            }
+            LeaveOutcome::AlreadyLeaving => return Err(Error::AlreadyLeaving),
             LeaveOutcome::ArbiterFailed(why) => {
                 if lock(&shared.membership).is_stopped() {
                     self.coordination.abort();

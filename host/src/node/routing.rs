@@ -348,6 +348,9 @@ fn check_module_message(slot: &ModuleSlot, message: &[u8]) -> Result<()> {
     }
 }
 
+/// Only errors that say the message was not processed: an answer lost on a
+/// closed connection (`AnswerLost`) or a timeout may follow processing, and
+/// a retry on a newer table would then process the message twice.
 fn stale_route(error: &Error) -> bool {
     match error {
         Error::OwnerUnreachable { .. } => true,
@@ -359,6 +362,9 @@ fn stale_route(error: &Error) -> bool {
 /// Name the owner by its node id (the transport only knows its address).
 fn name_owner(error: Error, owner: &NodeId, addr: &str) -> Error {
     match error {
+        Error::AnswerLost { .. } => Error::AnswerLost {
+            owner: format!("{owner} (peer address {addr})"),
+        },
         Error::OwnerUnreachable { why, .. } => Error::OwnerUnreachable {
             owner: owner.to_string(),
             why: format!("{why} (peer address {addr})"),
