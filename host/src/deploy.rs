@@ -371,7 +371,11 @@ impl NodeShared {
                 slot
             }
             None => {
-                let slot = Arc::new(ModuleSlot::new(name, compiled));
+                let slot = Arc::new(ModuleSlot::new(
+                    name,
+                    compiled,
+                    self.metrics.inline_calls(name),
+                ));
                 self.modules
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -115,6 +115,28 @@ pub(crate) fn report_processing(
         Envelope::Cast { message } => (MessageKind::Cast, message),
         _ => return,
     };
+    report_routed(node, env, kind, message, checked_at);
+}
+
+/// Report a routed call that runs inline, on its caller's task (the key was
+/// idle), and passed the fence check at `checked_at`, as
+/// [`NodeEventKind::Processing`], like the key loop's [`report_processing`].
+pub(crate) fn report_inline_call(
+    node: &NodeShared,
+    env: &KeyEnv,
+    message: &[u8],
+    checked_at: Instant,
+) {
+    report_routed(node, env, MessageKind::Call, message, checked_at);
+}
+
+fn report_routed(
+    node: &NodeShared,
+    env: &KeyEnv,
+    kind: MessageKind,
+    message: &[u8],
+    checked_at: Instant,
+) {
     node.report(
         checked_at,
         NodeEventKind::Processing {

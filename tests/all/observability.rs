@@ -327,3 +327,55 @@ async fn json_logs_and_fief_status() {
     assert!(frames.iter().all(|f| f["node_id"].is_string()));
     drop(node);
 }
+
+/// Issue 18 item 4: the inline fast path (a warm call to an idle key runs on
+/// its caller's task) stays on when events are logged, and the event log
+/// records the calls it serves, so chaos runs (`--event-log`) exercise it
+/// and the history checker sees them. Three calls to one key: the first
+/// activates it through its mailbox, the next two run inline
+/// (`fief_calls_inline_total`), and all three are `Processing` events with
+/// the key's token. Before, a node with an event observer never ran a call
+/// inline (the counter stayed at 0); with inline calls unreported, the log
+/// held one event, not three.
+#[tokio::test]
+async fn inline_calls_stay_on_and_are_in_the_event_log() {
+    use fief::event_log::{MessageKind, NodeEventKind};
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let events: fief::event_log::NodeEventObserver = {
+        let seen = seen.clone();
+        Arc::new(move |event: fief::event_log::NodeEvent| {
+            if let NodeEventKind::Processing { key, kind, .. } = event.kind {
+                seen.lock().unwrap().push((key, kind));
+            }
+        })
+    };
+    let node = fief::Instance::builder(fief_tests::test_config())
+        .events(events)
+        .start()
+        .await
+        .expect("node starts");
+    node.deploy(
+        "counter",
+        &guests::bytes(guests::COUNTER),
+        fief::ModuleOptions::default(),
+    )
+    .await
+    .expect("deploy");
+    let node = Arc::new(node);
+    for expected in ["1", "2", "3"] {
+        assert_eq!(call_text(&node, "counter", "ada", "incr").await, expected);
+    }
+    let server = HttpServer::start(node.clone()).await;
+    let text = scrape(&server).await;
+    assert_eq!(
+        metric(&text, r#"fief_calls_inline_total{module="counter"}"#),
+        Some(2.0),
+        "the two warm calls ran inline"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![("ada".to_owned(), MessageKind::Call); 3],
+        "every routed call is a Processing event"
+    );
+}

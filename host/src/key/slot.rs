@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fief_core::{OnFence, OwnershipToken, PartitionId};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
 
 use super::inline::{InlineCall, InlineFuture, run_inline};
@@ -52,6 +53,8 @@ pub(crate) struct ModuleSlot {
     current: RwLock<Arc<CompiledModule>>,
     keys: Mutex<HashMap<Box<str>, KeyHandle>>,
     next_generation: AtomicU64,
+    /// `fief_calls_inline_total{module}`.
+    inline_calls: Counter,
 }
 
 /// One live key, as reported by [`crate::Instance::keys`].
@@ -72,12 +75,15 @@ pub struct LiveKey {
 }
 
 impl ModuleSlot {
-    pub(crate) fn new(name: &str, module: CompiledModule) -> Self {
+    /// The slot of `name`, running `module`, counting its inline calls to
+    /// `inline_calls`.
+    pub(crate) fn new(name: &str, module: CompiledModule, inline_calls: Counter) -> Self {
         ModuleSlot {
             name: Arc::from(name),
             current: RwLock::new(Arc::new(module)),
             keys: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
+            inline_calls,
         }
     }
 
@@ -243,13 +249,23 @@ impl ModuleSlot {
         via: Via,
     ) -> Result<Vec<u8>> {
         if via == Via::Routed
-            && !node.reports_events()
             && let Some((process, control, cpu)) = self.try_inline(key)
         {
+            // For the event log, read before the check, as the key loop does.
+            let checked_at = node.reports_events().then(std::time::Instant::now);
             // Served only while the node may act; otherwise the key's task
             // decides (a terminate key dies, a survivor refuses).
             if !control.is_killed() && !control.is_survivor() && node.may_act() {
+                if let (Some(at), Some(running)) = (checked_at, process.as_ref()) {
+                    crate::event_log::report_inline_call(
+                        node,
+                        &running.store.data().env,
+                        &message,
+                        at,
+                    );
+                }
                 control.touch();
+                self.inline_calls.inc();
                 let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
                 let mut call = InlineCall::new(future, control, cpu);
                 let reply = (&mut call).await;
