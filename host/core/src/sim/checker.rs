@@ -9,7 +9,8 @@
 //!   starts (or a node resumes from a pause), no other node may hold a live
 //!   `terminate` process of that key that can still act (its node is up, not
 //!   paused, and its lease is current on its own clock — the side-effect
-//!   gate's test);
+//!   gate's test); and no process of it may be running on the same node (an
+//!   idle one still in its `terminate(idle)` included: `lives`);
 //! - **a message processed by two owners**;
 //! - **a fenced node processing anything**: a node processes a message only
 //!   while its own lease is current *and* its lease at the arbiter is current
@@ -31,6 +32,7 @@ use crate::arbiter::LeaseId;
 use crate::ownership::{NodeId, OwnershipTable};
 use crate::partition::PartitionId;
 
+use super::lives::Lives;
 use super::show_us;
 
 /// How long after the last fault ended the liveness window may begin.
@@ -94,6 +96,8 @@ pub struct Checker {
     /// message id → the node that processed it first.
     processed_by: HashMap<u64, NodeId>,
     window: Option<Window>,
+    /// Key processes.
+    lives: Lives,
     /// Violations found so far.
     pub violations: Vec<Violation>,
     /// Counters for the run's summary.
@@ -120,6 +124,9 @@ pub struct Stats {
     /// Forwarded messages routed once more after their receiver said it
     /// was not the owner and a table refresh found a newer table.
     pub retries: u64,
+    /// Messages that arrived while their key's idle process retired, and
+    /// waited for its end.
+    pub waited: u64,
 }
 
 impl Stats {
@@ -133,6 +140,7 @@ impl Stats {
         self.leases += other.leases;
         self.retries += other.retries;
         self.windows += other.windows;
+        self.waited += other.waited;
     }
 }
 
@@ -155,6 +163,7 @@ impl Checker {
             leases: HashMap::new(),
             processed_by: HashMap::new(),
             window: None,
+            lives: Lives::default(),
             violations: Vec::new(),
             stats: Stats::default(),
         }
@@ -162,6 +171,12 @@ impl Checker {
 
     fn fail(&mut self, at_us: u64, rule: Rule, what: String) {
         self.violations.push(Violation { at_us, rule, what });
+    }
+
+    fn fail_all(&mut self, at_us: u64, breaches: Vec<(Rule, String)>) {
+        for (rule, what) in breaches {
+            self.fail(at_us, rule, what);
+        }
     }
 
     /// The arbiter committed a registration or renewal of `lease` at `at_us`.
@@ -286,16 +301,16 @@ impl Checker {
         }
     }
 
-    /// A process of `key` started on `node` at `at_us`. `others` lists the
-    /// other nodes holding a live `terminate` process of the key that can
-    /// still act; `survivor_here` says whether `node` hosts a survivor of it.
+    /// Process `life` of `key` started on `node` at `at_us`. `others`
+    /// lists the other nodes holding a live `terminate` process of the key
+    /// that can still act.
     pub fn life_started(
         &mut self,
         at_us: u64,
         node: &NodeId,
         key: &str,
+        life: u64,
         others: &[NodeId],
-        survivor_here: bool,
     ) {
         self.stats.lives += 1;
         if !others.is_empty() {
@@ -312,13 +327,24 @@ impl Checker {
                 ),
             );
         }
-        if survivor_here {
-            self.fail(
-                at_us,
-                Rule::BesideSurvivor,
-                format!("{key} started on {node} beside a survivor of it in the same node's limbo"),
-            );
-        }
+        let breaches = self.lives.started(node, key, life);
+        self.fail_all(at_us, breaches);
+    }
+
+    /// Process `life` ended: killed, stopped, its idle retirement over, or
+    /// reaped from limbo.
+    pub fn life_ended(&mut self, life: u64) {
+        self.lives.ended(life);
+    }
+
+    /// Process `life` survived a fence, in its node's limbo.
+    pub fn survived(&mut self, life: u64) {
+        self.lives.survived(life);
+    }
+
+    /// `node` crashed: its processes are gone.
+    pub fn crashed(&mut self, node: &NodeId) {
+        self.lives.crashed(node);
     }
 
     /// A node resumed from a pause at `at_us` holding live `terminate`

@@ -211,6 +211,7 @@ impl World {
         node.up = false;
         node.keys.clear();
         node.limbo.clear();
+        self.checker.crashed(&node.id);
         node.deferred.clear();
         node.paused_until = None;
         let down = self.rng.u64(100_000..6_000_000);

@@ -23,17 +23,20 @@
 //!   (recorded for the checker); `faults`: the seeded faults, then the calm;
 //! - `node`: the executor of each node's [`Effect`](crate::Effect)s — the key
 //!   processes' lives (start at the first routed message, end at a kill,
-//!   fence, handoff stop or idle timeout; `continue`/`callback` survivors in
-//!   limbo until reaped), the stops and reaps (answered after a small random
-//!   delay), and the forwarding of messages to their owner.
+//!   fence, handoff stop or idle retirement — whose `terminate(idle)` takes a
+//!   while, messages arriving meanwhile waiting for its end;
+//!   `continue`/`callback` survivors in limbo until reaped), the stops and
+//!   reaps (answered after a small random delay), and the forwarding of
+//!   messages to their owner.
 //!
 //! Every step is recorded in a trace; the [`checker`] judges the history on
-//! the global clock. [`run`] returns a [`Report`]; [`Report::render`]
+//! the global clock (with `lives`, its record of key processes). [`run`] returns a [`Report`]; [`Report::render`]
 //! prints the seed, the cluster, the violations and the last events.
 //! `FIEF_SEED=<n>` reproduces one seed exactly (see `docs/testing.md`).
 
 pub mod checker;
 mod faults;
+mod lives;
 mod node;
 #[cfg(test)]
 mod tests;
@@ -65,6 +68,10 @@ pub enum Mutation {
     /// A table is adopted without reaping the survivors of what it gains
     /// (a `Membership` rule).
     AdoptWithoutReap,
+    /// An idle key's table entry is removed before its `terminate(idle)`
+    /// runs, not after it ended (the old bug): a message arriving meanwhile
+    /// starts a second process of the key beside the retiring one.
+    IdleEntryRemovedEarly,
 }
 
 /// What one run simulates.

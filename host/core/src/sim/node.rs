@@ -1,10 +1,16 @@
 //! One simulated node: its [`Membership`] (the real ownership protocol,
 //! unchanged) and the executor that carries out its effects as the node's
 //! I/O would — arbiter requests over the node's ordered link, peer messages
-//! and handoffs over the lossy network, the key processes' lives (stopped
-//! for a handoff, reaped from limbo, killed when the table takes their
-//! partition, killed or sent to limbo by a fence), and each message routed
-//! by `Membership::route` and forwarded to the owner it names.
+//! and handoffs over the lossy network, the key processes' lives (started at
+//! a routed message; stopped for a handoff, reaped from limbo, killed when
+//! the table takes their partition, killed or sent to limbo by a fence,
+//! retired when idle), and each message routed by `Membership::route` and
+//! forwarded to the owner it names.
+//!
+//! An idle process retires as the node's key table retires one: its
+//! `terminate(idle)` runs 0.1–50 ms, its entry stays (retiring) until it
+//! ended, and a message arriving meanwhile waits for the end and then goes
+//! to the next process (routed again: it may be refused by then).
 //!
 //! It must not decide anything about ownership: when to move, what to adopt,
 //! what to refuse, when to fence or leave are the membership's. This file
@@ -20,7 +26,7 @@ use super::world::{Call, Ev, NodeClock, World, node_name};
 use crate::coordinator::lost;
 use crate::membership::{Effect, Membership, MembershipConfig, Mutations, OpId, PeerMessage};
 use crate::ownership::{NodeId, Route};
-use crate::partition::PartitionCount;
+use crate::partition::{PartitionCount, PartitionId};
 use crate::time::Instant;
 
 /// How long a leave may take.
@@ -33,6 +39,9 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(1);
 /// survivors, µs.
 const EXECUTOR_DELAY_US: u64 = 5_000;
 
+/// How long an idle process's `terminate(idle)` runs, µs.
+const RETIRE_US: std::ops::Range<u64> = 100..50_000;
+
 /// How a key module answers the fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Mode {
@@ -40,6 +49,17 @@ pub(super) enum Mode {
     Continue,
     /// `handle-fence` answers continue (true) or stop (false).
     Callback(bool),
+}
+
+/// A key process, as the node's key table holds it.
+#[derive(Debug)]
+pub(super) struct Life {
+    /// Names the process (unique in the run).
+    pub(super) id: u64,
+    pub(super) mode: Mode,
+    /// Retiring: when its `terminate(idle)` ends (global µs), and the
+    /// messages that arrived meanwhile, waiting for its next process.
+    pub(super) retiring: Option<(u64, Vec<u64>)>,
 }
 
 #[derive(Debug)]
@@ -50,10 +70,10 @@ pub(super) struct SimNode {
     pub(super) paused_until: Option<u64>,
     pub(super) clock: NodeClock,
     pub(super) membership: Membership,
-    /// Live key processes.
-    pub(super) keys: BTreeMap<String, Mode>,
-    /// Survivors of a fence, until reaped.
-    pub(super) limbo: BTreeSet<String>,
+    /// The key table: live processes, by key.
+    pub(super) keys: BTreeMap<String, Life>,
+    /// Survivors of a fence, until reaped: their processes, by key.
+    pub(super) limbo: BTreeMap<String, u64>,
     /// Forwarded messages their receiver did not serve, waiting for the
     /// table refresh they asked for: (message, key, the epoch routed on).
     retries: BTreeMap<OpId, (u64, String, u64)>,
@@ -100,13 +120,25 @@ impl SimNode {
             clock,
             membership,
             keys: BTreeMap::new(),
-            limbo: BTreeSet::new(),
+            limbo: BTreeMap::new(),
             retries: BTreeMap::new(),
             wake_gen: 0,
             ticks_held_until: 0,
             deferred: Vec::new(),
         }
     }
+}
+
+/// The keys of `map` whose partition (of `p`) is one of `partitions`.
+pub(super) fn keys_in<V>(
+    map: &BTreeMap<String, V>,
+    p: PartitionCount,
+    partitions: &BTreeSet<PartitionId>,
+) -> Vec<String> {
+    map.keys()
+        .filter(|k| partitions.contains(&p.of(k)))
+        .cloned()
+        .collect()
 }
 
 impl World {
@@ -239,11 +271,15 @@ impl World {
                 self.fault_until(self.now + LEAVE_TIMEOUT.as_micros() as u64);
                 self.input(node, |m, now| m.begin_leave(now, LEAVE_TIMEOUT));
             }
-            Ev::IdleStop { node, key, .. } => {
-                if self.nodes[node].keys.remove(&key).is_some() {
-                    self.log(|| format!("{}: {key} stopped (idle)", node_name(node)));
-                }
-            }
+            Ev::IdleStop {
+                node,
+                inc,
+                key,
+                life,
+            } => self.retire(node, inc, key, life),
+            Ev::Retired {
+                node, key, life, ..
+            } => self.retired(node, &key, life),
             other => unreachable!("not a node's event: {other:?}"),
         }
     }
@@ -261,20 +297,24 @@ impl World {
                 }
             }
             Effect::StopForHandoff { op, partitions } => {
+                // A retiring key is waited for: its stop is answered once it
+                // retired (`ModuleSlot::retired`).
                 let p = self.partitions;
                 let node = &mut self.nodes[i];
-                let stopped: Vec<String> = node
-                    .keys
-                    .keys()
-                    .filter(|k| partitions.contains(&p.of(k)))
-                    .cloned()
-                    .collect();
-                for k in &stopped {
-                    node.keys.remove(k);
+                let mut answer_at = self.now + 1;
+                let mut stopped = Vec::new();
+                for key in keys_in(&node.keys, p, &partitions) {
+                    if let Some((until, _)) = node.keys[&key].retiring {
+                        answer_at = answer_at.max(until + 1);
+                        continue;
+                    }
+                    let life = node.keys.remove(&key).expect("listed above");
+                    self.checker.life_ended(life.id);
+                    stopped.push(key);
                 }
                 self.log(|| format!("{name}: stopping {partitions:?} for handoff: {stopped:?}"));
-                let delay = self.rng.u64(0..=EXECUTOR_DELAY_US);
-                self.after(delay, Ev::KeysStopped { node: i, inc, op });
+                let at = answer_at.max(self.now + self.rng.u64(0..=EXECUTOR_DELAY_US));
+                self.at(at, Ev::KeysStopped { node: i, inc, op });
             }
             Effect::SendHandoff {
                 op,
@@ -303,14 +343,15 @@ impl World {
             Effect::Reap { op, partitions } => {
                 let p = self.partitions;
                 let node = &mut self.nodes[i];
-                if self.cfg.mutation == Some(Mutation::ReapHangs)
-                    && node.limbo.iter().any(|k| partitions.contains(&p.of(k)))
-                {
+                let reaped = keys_in(&node.limbo, p, &partitions);
+                if self.cfg.mutation == Some(Mutation::ReapHangs) && !reaped.is_empty() {
                     return self.log(|| format!("{name}: reaping {partitions:?} hangs"));
                 }
-                let before = node.limbo.len();
-                node.limbo.retain(|k| !partitions.contains(&p.of(k)));
-                let reaped = before - node.limbo.len();
+                for k in &reaped {
+                    let life = node.limbo.remove(k).expect("listed above");
+                    self.checker.life_ended(life);
+                }
+                let reaped = reaped.len();
                 self.log(|| format!("{name}: reaping {partitions:?}: {reaped} survivors"));
                 let delay = self.rng.u64(0..=EXECUTOR_DELAY_US);
                 self.after(delay, Ev::Reaped { node: i, inc, op });
@@ -330,7 +371,8 @@ impl World {
                     .cloned()
                     .collect();
                 for k in &killed {
-                    node.keys.remove(k);
+                    let life = node.keys.remove(k).expect("listed above");
+                    self.checker.life_ended(life.id);
                 }
                 let epoch = table.epoch();
                 self.log(|| format!("{name}: adopted table epoch {epoch}, killed {killed:?}"));
@@ -390,15 +432,18 @@ impl World {
         }
     }
 
-    /// `NodeShared::fence`: terminate keys die, survivors go to limbo.
+    /// `NodeShared::fence`: terminate keys die, survivors go to limbo (a
+    /// retiring one ends: its `terminate(idle)` is under way, and the
+    /// messages waiting for it are dropped).
     fn fence(&mut self, i: usize, cause: &str) {
         let node = &mut self.nodes[i];
-        for (key, mode) in std::mem::take(&mut node.keys) {
-            match mode {
-                Mode::Terminate | Mode::Callback(false) => {}
-                Mode::Continue | Mode::Callback(true) => {
-                    node.limbo.insert(key);
-                }
+        for (key, life) in std::mem::take(&mut node.keys) {
+            let survives = matches!(life.mode, Mode::Continue | Mode::Callback(true));
+            if survives && life.retiring.is_none() {
+                node.limbo.insert(key, life.id);
+                self.checker.survived(life.id);
+            } else {
+                self.checker.life_ended(life.id);
             }
         }
         self.checker.stats.fences += 1;
@@ -423,15 +468,12 @@ impl World {
         let keys: Vec<String> = self.nodes[i]
             .keys
             .iter()
-            .filter(|(_, m)| **m == Mode::Terminate)
+            .filter(|(_, l)| l.mode == Mode::Terminate)
             .map(|(k, _)| k.clone())
             .collect();
         for key in keys {
             for j in 0..self.nodes.len() {
-                if j != i
-                    && self.nodes[j].keys.get(&key) == Some(&Mode::Terminate)
-                    && self.can_act(j)
-                {
+                if j != i && self.runs_terminate(j, &key) && self.can_act(j) {
                     overlaps.insert(key.clone(), self.nodes[j].id.clone());
                 }
             }
@@ -440,35 +482,70 @@ impl World {
         self.checker.resumed(self.now, &id, &overlaps);
     }
 
+    /// Whether node `j`'s table holds a `terminate` process of `key`.
+    fn runs_terminate(&self, j: usize, key: &str) -> bool {
+        self.nodes[j]
+            .keys
+            .get(key)
+            .is_some_and(|l| l.mode == Mode::Terminate)
+    }
+
+    /// A fresh id, for a process.
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
     /// Node `i` serves message `msg`: start the key's process if it has
-    /// none, then process.
+    /// none, then process. If the key's process is retiring, the message
+    /// waits for its end.
     fn process(&mut self, i: usize, msg: u64, key: &str) {
+        let name = node_name(i);
+        if let Some((_, waiting)) = self.nodes[i]
+            .keys
+            .get_mut(key)
+            .and_then(|l| l.retiring.as_mut())
+        {
+            waiting.push(msg);
+            self.checker.stats.waited += 1;
+            return self
+                .log(|| format!("{name}: message {msg} for {key} waits: {key} is retiring"));
+        }
         if !self.nodes[i].keys.contains_key(key) {
             let mut others = Vec::new();
             for j in 0..self.nodes.len() {
-                if j != i
-                    && self.nodes[j].keys.get(key) == Some(&Mode::Terminate)
-                    && self.can_act(j)
-                {
+                if j != i && self.runs_terminate(j, key) && self.can_act(j) {
                     others.push(self.nodes[j].id.clone());
                 }
             }
-            let survivor = self.nodes[i].limbo.contains(key);
             let id = self.nodes[i].id.clone();
-            self.checker
-                .life_started(self.now, &id, key, &others, survivor);
+            let life = self.fresh_id();
+            self.checker.life_started(self.now, &id, key, life, &others);
             let mode = self
                 .keys
                 .iter()
                 .find(|(k, _)| k == key)
                 .map_or(Mode::Terminate, |(_, m)| *m);
-            self.nodes[i].keys.insert(key.to_owned(), mode);
-            self.log(|| format!("{id}: {key} started"));
+            let l = Life {
+                id: life,
+                mode,
+                retiring: None,
+            };
+            self.nodes[i].keys.insert(key.to_owned(), l);
+            self.log(|| format!("{id}: {key} started (process {life})"));
             if self.rng.u32(0..100) < 20 {
                 let inc = self.nodes[i].incarnation;
                 let idle = self.rng.u64(10_000..3_000_000);
                 let key = key.to_owned();
-                self.after(idle, Ev::IdleStop { node: i, inc, key });
+                self.after(
+                    idle,
+                    Ev::IdleStop {
+                        node: i,
+                        inc,
+                        key,
+                        life,
+                    },
+                );
             }
         }
         let current = self.can_act(i);
@@ -477,5 +554,72 @@ impl World {
         self.checker
             .processed(self.now, &id, lease, current, msg, key);
         self.log(|| format!("{id}: processed message {msg} for {key}"));
+    }
+
+    /// Process `life` of `key` on node `i` was idle: it retires. Its
+    /// `terminate(idle)` runs for a while, and its entry stays (retiring)
+    /// until it ended — except under the mutation
+    /// [`Mutation::IdleEntryRemovedEarly`], the old bug, which removes the
+    /// entry at once.
+    fn retire(&mut self, i: usize, inc: u64, key: String, life: u64) {
+        let early = self.cfg.mutation == Some(Mutation::IdleEntryRemovedEarly);
+        let until = self.now + self.rng.u64(RETIRE_US);
+        let node = &mut self.nodes[i];
+        let Some(l) = node.keys.get_mut(&key).filter(|l| l.id == life) else {
+            return;
+        };
+        if l.retiring.is_some() {
+            return;
+        }
+        if early {
+            node.keys.remove(&key);
+        } else {
+            l.retiring = Some((until, Vec::new()));
+        }
+        let name = node_name(i);
+        self.log(|| {
+            format!(
+                "{name}: {key} retires (idle, process {life}) until {}",
+                super::show_us(until)
+            )
+        });
+        self.at(
+            until,
+            Ev::Retired {
+                node: i,
+                inc,
+                key,
+                life,
+            },
+        );
+    }
+
+    /// Process `life` of `key` on node `i` ended its `terminate(idle)`:
+    /// its entry goes, and the messages that waited for it go to the key's
+    /// next process (routed again: the partition may have moved since).
+    fn retired(&mut self, i: usize, key: &str, life: u64) {
+        self.checker.life_ended(life);
+        let node = &mut self.nodes[i];
+        if node.keys.get(key).is_none_or(|l| l.id != life) {
+            return;
+        }
+        let l = node.keys.remove(key).expect("checked above");
+        let waiting = l.retiring.map(|(_, w)| w).unwrap_or_default();
+        let name = node_name(i);
+        self.log(|| {
+            format!(
+                "{name}: {key} retired (process {life}); {} messages waited",
+                waiting.len()
+            )
+        });
+        for msg in waiting {
+            let now = self.node_now(i);
+            match self.nodes[i].membership.route(now, key) {
+                Route::Local { .. } => self.process(i, msg, key),
+                _ => self.log(|| {
+                    format!("{name}: message {msg} for {key} dropped: no longer served here")
+                }),
+            }
+        }
     }
 }

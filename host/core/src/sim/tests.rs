@@ -98,6 +98,7 @@ fn seeds_find_no_violation() {
     assert!(stats.handoffs > count, "{stats:?}");
     assert!(stats.retries > count, "{stats:?}");
     assert!(stats.windows > count * 9 / 10, "{stats:?}");
+    assert!(stats.waited > count, "{stats:?}");
 }
 
 /// `FIEF_SEED=<n>`: run one seed and print its report and whole trace.
@@ -116,8 +117,9 @@ fn one_seed() {
             "reap-hangs" => Mutation::ReapHangs,
             "drain-released-at-transfer" => Mutation::DrainReleasedAtTransfer,
             "adopt-without-reap" => Mutation::AdoptWithoutReap,
+            "idle-entry-removed-early" => Mutation::IdleEntryRemovedEarly,
             other => panic!(
-                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry or reap-hangs"
+                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry, reap-hangs, drain-released-at-transfer, adopt-without-reap or idle-entry-removed-early"
             ),
         });
     }
@@ -156,35 +158,36 @@ fn catches(mutation: Option<Mutation>, drift_ppm: Option<u32>, rules: &[Rule]) -
     failed.into_iter().find(|r| caught(r))
 }
 
+/// Assert that the checker finds `mutation` as a breach of one of `rules`
+/// within the CI seed budget, and print the first such report.
+fn assert_caught(mutation: Mutation, rules: &[Rule]) {
+    let report = catches(Some(mutation), None, rules)
+        .unwrap_or_else(|| panic!("the checker missed {mutation:?}"));
+    eprintln!("{}", report.render());
+}
+
 /// Mutation check: fencing at the TTL instead of TTL − margin is caught,
 /// as a node processing on a lease the arbiter judged expired.
 #[test]
 fn mutation_fence_at_ttl_is_caught() {
-    let report = catches(Some(Mutation::FenceAtTtl), None, &[Rule::FencedProcessing])
-        .expect("the checker missed fence-at-ttl");
-    eprintln!("{}", report.render());
+    assert_caught(Mutation::FenceAtTtl, &[Rule::FencedProcessing]);
 }
 
 /// Mutation check: an owner that skips the re-check is caught, as two
 /// live processes of a key or a fenced node processing.
 #[test]
 fn mutation_skip_owner_recheck_is_caught() {
-    let report = catches(
-        Some(Mutation::SkipOwnerRecheck),
-        None,
+    assert_caught(
+        Mutation::SkipOwnerRecheck,
         &[Rule::TwoLiveProcesses, Rule::FencedProcessing],
-    )
-    .expect("the checker missed skip-owner-recheck");
-    eprintln!("{}", report.render());
+    );
 }
 
 /// Mutation check: an arbiter that expires leases early is caught, as a
 /// partition moved while its owner's lease was current.
 #[test]
 fn mutation_arbiter_early_expiry_is_caught() {
-    let report = catches(Some(Mutation::ArbiterEarlyExpiry), None, &[Rule::EarlyMove])
-        .expect("the checker missed arbiter-early-expiry");
-    eprintln!("{}", report.render());
+    assert_caught(Mutation::ArbiterEarlyExpiry, &[Rule::EarlyMove]);
 }
 
 /// Mutation check: an executor whose reap hangs on survivors is caught by
@@ -192,9 +195,7 @@ fn mutation_arbiter_early_expiry_is_caught() {
 /// partition back).
 #[test]
 fn mutation_reap_hangs_is_caught() {
-    let report = catches(Some(Mutation::ReapHangs), None, &[Rule::Liveness])
-        .expect("the checker missed reap-hangs");
-    eprintln!("{}", report.render());
+    assert_caught(Mutation::ReapHangs, &[Rule::Liveness]);
 }
 
 /// Mutation check: a move that serves its partitions again while its
@@ -202,13 +203,10 @@ fn mutation_reap_hangs_is_caught() {
 /// transfer commits).
 #[test]
 fn mutation_drain_released_at_transfer_is_caught() {
-    let report = catches(
-        Some(Mutation::DrainReleasedAtTransfer),
-        None,
+    assert_caught(
+        Mutation::DrainReleasedAtTransfer,
         &[Rule::TwoLiveProcesses, Rule::TwoOwners],
-    )
-    .expect("the checker missed drain-released-at-transfer");
-    eprintln!("{}", report.render());
+    );
 }
 
 /// Mutation check: adopting a table without reaping the survivors of the
@@ -216,13 +214,15 @@ fn mutation_drain_released_at_transfer_is_caught() {
 /// survivor.
 #[test]
 fn mutation_adopt_without_reap_is_caught() {
-    let report = catches(
-        Some(Mutation::AdoptWithoutReap),
-        None,
-        &[Rule::BesideSurvivor],
-    )
-    .expect("the checker missed adopt-without-reap");
-    eprintln!("{}", report.render());
+    assert_caught(Mutation::AdoptWithoutReap, &[Rule::BesideSurvivor]);
+}
+
+/// Mutation check: an idle key's entry removed before its
+/// `terminate(idle)` ran (the old bug) is caught, as a second process of
+/// the key started on the node beside the retiring one.
+#[test]
+fn mutation_idle_entry_removed_early_is_caught() {
+    assert_caught(Mutation::IdleEntryRemovedEarly, &[Rule::TwoLiveProcesses]);
 }
 
 /// Drift within the configured bound (1%) is safe — that is the CI sweep —

@@ -182,10 +182,19 @@ pub(super) enum Ev {
         what: Heal,
     },
     Load,
+    /// Process `life` of `key` has been idle long enough: it retires.
     IdleStop {
         node: usize,
         inc: u64,
         key: String,
+        life: u64,
+    },
+    /// Process `life` of `key` ended its `terminate(idle)`.
+    Retired {
+        node: usize,
+        inc: u64,
+        key: String,
+        life: u64,
     },
     /// The faults' time is over: the network calms down (no loss, slow tail
     /// or duplication) and no new fault starts.
@@ -211,7 +220,8 @@ impl Ev {
             | Ev::KeysStopped { node, inc, .. }
             | Ev::Reaped { node, inc, .. }
             | Ev::NotOwner { node, inc, .. }
-            | Ev::IdleStop { node, inc, .. } => Some((*node, Some(*inc))),
+            | Ev::IdleStop { node, inc, .. }
+            | Ev::Retired { node, inc, .. } => Some((*node, Some(*inc))),
             _ => None,
         }
     }
@@ -254,6 +264,8 @@ pub(super) struct World {
     pub(super) checker: Checker,
     trace: VecDeque<String>,
     next_msg: u64,
+    /// The last id given to a key process.
+    pub(super) next_id: u64,
     events: u64,
     /// The node that registers without a peer address in its first
     /// incarnation, if any (one seed in four).
@@ -331,6 +343,7 @@ impl World {
             keys,
             partitions,
             next_msg: 0,
+            next_id: 0,
             events: 0,
             no_addr,
             quiet_from: 0,
