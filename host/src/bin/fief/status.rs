@@ -69,8 +69,8 @@ pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<()> {
 /// The node's status with its limbo entries added as `limbo` (left out if
 /// the node would not list them).
 async fn fetch(node: &str) -> anyhow::Result<Value> {
-    let mut status = super::get_json(node, "/v1/status").await?;
-    if let Ok(limbo) = super::get_json(node, "/v1/limbo").await
+    let mut status = crate::client::get_json(node, "/v1/status").await?;
+    if let Ok(limbo) = crate::client::get_json(node, "/v1/limbo").await
         && let Some(object) = status.as_object_mut()
     {
         object.insert("limbo".to_owned(), limbo);

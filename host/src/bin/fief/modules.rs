@@ -12,13 +12,31 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 
-use super::{DeployArgs, api_url, client, send};
+use std::path::PathBuf;
+
+use crate::client::{api_url, client, send};
 
 /// How long `deploy` waits for every node to load the new version.
 const LOAD_WAIT: Duration = Duration::from_secs(60);
 
 /// Upload chunk size: the unit of upload progress.
 const CHUNK: usize = 256 * 1024;
+
+/// `fief deploy`.
+#[derive(Args)]
+pub(crate) struct DeployArgs {
+    /// The component to deploy.
+    pub(crate) file: PathBuf,
+    /// The module name.
+    #[arg(long)]
+    pub(crate) module: String,
+    /// Module options as `name=value` (repeatable), e.g. `memory_limit=32MiB`.
+    #[arg(long = "option", short = 'o', value_name = "NAME=VALUE")]
+    pub(crate) options: Vec<String>,
+    /// The node's HTTP address.
+    #[arg(long, env = "FIEF_NODE", default_value = "http://127.0.0.1:7070")]
+    pub(crate) node: String,
+}
 
 /// `fief modules`.
 #[derive(Args)]
