@@ -26,7 +26,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::arbiter::{ANONYMOUS, ArbiterError, ModuleVersionRecord, NewModuleVersion};
+use crate::arbiter::{ANONYMOUS, ModuleVersionRecord, NewModuleVersion};
 use crate::bindings::types::StopReason;
 use crate::compile_worker::CompileWorker;
 use crate::config::{ModuleOptions, validate_module_name};
@@ -143,10 +143,6 @@ fn validate_stored_name(name: &str) -> Result<()> {
     }
 }
 
-fn store_error(e: ArbiterError) -> Error {
-    Error::ModuleStore(e.to_string())
-}
-
 /// Run `f` on a blocking thread.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
@@ -162,7 +158,7 @@ async fn bounded<T>(f: crate::arbiter::ArbiterFuture<'_, T>) -> Result<T> {
                 "the arbiter did not answer within {STORE_TIMEOUT:?}"
             ))
         })?
-        .map_err(store_error)
+        .map_err(Error::module_store)
 }
 
 impl NodeShared {

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use fief_core::PartitionId;
 
+use crate::arbiter::ArbiterError;
+
 /// An error from a Fief instance.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
@@ -288,6 +290,12 @@ pub enum Error {
         "the module store is unavailable: {0}; nothing was changed, retry when the arbiter is reachable"
     )]
     ModuleStore(String),
+    /// The arbiter could not be reached or refused a membership step (a
+    /// leave's `set_leaving`, `live_nodes` or `release`).
+    #[error(
+        "the arbiter could not be reached or refused: {0}; the node's lease and partitions are as they were, retry when the arbiter is reachable"
+    )]
+    ArbiterUnavailable(String),
     /// Something that should not happen; a bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -335,6 +343,7 @@ impl Error {
             Error::Forbidden(_) => "forbidden",
             Error::UnknownModuleVersion { .. } => "unknown_module_version",
             Error::ModuleStore(_) => "module_store_unavailable",
+            Error::ArbiterUnavailable(_) => "arbiter_unavailable",
             Error::Internal(_) => "internal",
         }
     }
@@ -374,12 +383,21 @@ impl Error {
             | Error::ShuttingDown
             | Error::TooManyConnections { .. }
             | Error::NotOwner { .. }
-            | Error::ModuleStore(_) => 503,
+            | Error::ModuleStore(_)
+            | Error::ArbiterUnavailable(_) => 503,
             Error::Remote { status, .. } => *status,
             Error::Timeout(_) => 504,
             Error::Unauthorized(_) => 401,
             Error::Forbidden(_) => 403,
         }
+    }
+}
+
+impl Error {
+    /// The one mapping of an [`ArbiterError`] in the arbiter's role of
+    /// module store (deploy, rollback, undeploy, listings).
+    pub(crate) fn module_store(e: ArbiterError) -> Error {
+        Error::ModuleStore(e.to_string())
     }
 }
 

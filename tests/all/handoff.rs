@@ -467,3 +467,26 @@ async fn a_second_leave_is_refused_and_the_first_goes_on() {
     assert_eq!(c.call(0, &key, "incr").await.unwrap(), "2");
     c.check();
 }
+
+/// A leave the arbiter cannot take (it is down) is refused with
+/// `arbiter_unavailable` (503), saying the node is as it was, and the node
+/// goes on serving. It used to be `owner_unreachable`, "key is owned by node
+/// \"the arbiter\"".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leave_the_arbiter_cannot_take_is_refused_and_the_node_serves_on() {
+    let c = Cluster::start(2, &[("counter", guests::COUNTER)]).await;
+    c.stabilize().await;
+    let key = c.key_owned_by(1).await;
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "1");
+    c.set_arbiter_down(true);
+    let refused = c
+        .node(1)
+        .leave(Duration::from_secs(10))
+        .await
+        .expect_err("the arbiter is down");
+    assert_eq!(refused.code(), "arbiter_unavailable", "{refused}");
+    assert_eq!(refused.http_status(), 503);
+    c.set_arbiter_down(false);
+    assert_eq!(c.call(1, &key, "incr").await.unwrap(), "2");
+    c.check();
+}

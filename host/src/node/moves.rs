@@ -295,10 +295,6 @@ impl Instance {
                 return Err(Error::Timeout(timeout));
             }
         };
-        let arbiter_error = |why: String| Error::OwnerUnreachable {
-            owner: "the arbiter".to_owned(),
-            why,
-        };
         let no_other_node = match outcome {
             LeaveOutcome::Left { no_other_node } => no_other_node,
             LeaveOutcome::FencedWhileLeaving => {
@@ -312,7 +308,7 @@ impl Instance {
                 if lock(&shared.membership).is_stopped() {
                     self.coordination.abort();
                 }
-                return Err(arbiter_error(why));
+                return Err(Error::ArbiterUnavailable(why));
             }
         };
         // The membership coordinates nothing any more: stop its thread.
