@@ -13,13 +13,7 @@ use fief_tests::{
     HttpServer, NodeProcess, call_text, eventually_async, fief_binary, fief_cli, guests, node_with,
 };
 
-/// The value of the metric line that starts with `series` (name and
-/// labels exactly as rendered), if there is one.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.split_whitespace().next()?.parse().ok())
-}
+use fief_tests::metric_value as metric;
 
 async fn scrape(server: &HttpServer) -> String {
     let response = reqwest::get(server.url("/metrics"))

@@ -94,6 +94,15 @@ pub async fn node_with_options(
     node
 }
 
+/// The value of the metric line of `text` (OpenMetrics, as `/metrics` and
+/// `Instance::metrics_text` render it) that starts with `series` (name and
+/// labels exactly as rendered), if there is one.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+}
+
 /// Call `key` of `module` with a text message and return the reply as text;
 /// panics (naming the call) if the call fails.
 pub async fn call_text(node: &Instance, module: &str, key: &str, message: &str) -> String {
