@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::checker::{Checker, SETTLE, TableWrite, WINDOW};
 use super::faults::Heal;
+use super::handoff::Entry;
 use super::node::{Mode, SimNode};
 use super::{Config, Mutation, Report, show_us, timing};
 use crate::arbiter::{ArbiterState, LeaseId, Refusal};
@@ -123,6 +124,7 @@ pub(super) enum Ev {
         from_inc: u64,
         to: usize,
         op: OpId,
+        entries: Vec<Entry>,
     },
     /// The target took the states.
     HandoffAck {
@@ -130,11 +132,12 @@ pub(super) enum Ev {
         inc: u64,
         op: OpId,
     },
-    /// The executor stopped the keys of a handoff.
+    /// The executor stopped the keys of a handoff, with their states.
     KeysStopped {
         node: usize,
         inc: u64,
         op: OpId,
+        entries: Vec<Entry>,
     },
     /// The executor reaped the survivors of a reap.
     Reaped {
@@ -264,7 +267,7 @@ pub(super) struct World {
     pub(super) checker: Checker,
     trace: VecDeque<String>,
     next_msg: u64,
-    /// The last id given to a key process.
+    /// The last id given to a key process or a state.
     pub(super) next_id: u64,
     events: u64,
     /// The node that registers without a peer address in its first
