@@ -2,100 +2,43 @@
 //! (`host/src/node/moves.rs`, and `host/src/handoff.rs`'s `HandoffStates`):
 //! a move's stop collects its keys' states (a key retiring when idle is
 //! waited for, and has none), the handoff sends them — with the states
-//! waiting here for keys of its partitions — to the target, which keeps
-//! them for the keys' next process, and the move's end hands, keeps or drops
+//! waiting here for keys of its partitions, and the rows naming the move's
+//! attempt for each of its partitions, states or none — to the target,
+//! which keeps them for the keys' next process, and the move's end hands,
+//! keeps or drops
 //! what it collected (a stop answered after its move ended leaves nothing
 //! behind). A state is a number (see [`Life::state`](super::node::Life)), so
 //! the checker can tell one from another; every stop with a state, and every
 //! handoff received, is told to the checker.
 //!
 //! The store, [`States`], owns the states a move collected (by the move's
-//! id, until the move ends) and the states waiting here for their keys' next
-//! process (sent by a previous owner, or kept after a move out failed), and
-//! which of them the node's table says belong to its ownership:
-//! - a *sent* state is valid once the table gives this node the partition by
-//!   a handoff from the very token it was sent under;
-//! - a *kept* state is valid while this node owns the partition under the
-//!   token it was kept under;
-//! - either is stale (dropped) once the table shows a newer ownership, and
-//!   waits otherwise; a state received replaces any other of its key.
-//!
-//! The rules are the host's; they live there (not in the core), so this is
-//! their model, to be kept in step. It must not decide anything about
-//! ownership: the table it judges by is the node's `Membership`'s.
+//! id, until the move ends), as the node's `move_states` does; the states
+//! waiting here for their keys' next process, and which of them belong to
+//! the node's ownership, are the core's [`handoff::Store`] — the very
+//! bookkeeping the node runs (`host/src/handoff.rs` wraps it), so this model
+//! holds no copy of its rules. It must not decide anything about ownership:
+//! the table it judges by is the node's `Membership`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Mutation;
 use super::node::{EXECUTOR_DELAY_US, keys_in};
 use super::world::{Ev, World, node_name};
+use crate::handoff::{self, Row, Store, Taken};
 use crate::membership::{MoveOutcome, OpId};
-use crate::ownership::{NodeId, OwnershipTable, OwnershipToken};
+use crate::ownership::{NodeId, OwnershipTable};
 use crate::partition::PartitionId;
 
-/// One key's handoff state on its way, as a handoff carries it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Entry {
-    pub(super) key: String,
-    pub(super) partition: PartitionId,
-    /// The token the sender held the partition by.
-    pub(super) token: OwnershipToken,
-    /// The state.
-    pub(super) state: u64,
-}
-
-/// Why a waiting state may be given to a process here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Basis {
-    /// Sent by the owner under this token.
-    Sent { from: OwnershipToken },
-    /// Kept by this node under its own ownership with this token.
-    Owned { token: OwnershipToken },
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    Valid(OwnershipToken),
-    Wait,
-    Stale,
-}
-
-#[derive(Clone, Debug)]
-struct Waiting {
-    partition: PartitionId,
-    basis: Basis,
-    state: u64,
-}
-
-impl Waiting {
-    /// As `host/src/handoff.rs`'s `Waiting::verdict`.
-    fn verdict(&self, table: &OwnershipTable, me: &NodeId) -> Verdict {
-        let owner = table.owner(self.partition);
-        let newer_than = |t: OwnershipToken| match owner {
-            Some(a) => a.token > t,
-            None => table.epoch() >= t.0,
-        };
-        match self.basis {
-            Basis::Owned { token } => match owner {
-                Some(a) if &a.node == me && a.token == token => Verdict::Valid(token),
-                _ if newer_than(token) => Verdict::Stale,
-                _ => Verdict::Wait,
-            },
-            Basis::Sent { from } => match owner {
-                Some(a) if &a.node == me && a.handed_from == Some(from) => Verdict::Valid(a.token),
-                _ if newer_than(from) => Verdict::Stale,
-                _ => Verdict::Wait,
-            },
-        }
-    }
-}
+/// One key's handoff state on its way, as a handoff carries it: the key's
+/// name, and its state (a number).
+pub(super) type Entry = handoff::Entry<String, u64>;
 
 /// The handoff states of one node: those its moves collected, and those
 /// waiting for their keys' next process.
 #[derive(Debug, Default)]
 pub(super) struct States {
     moves: BTreeMap<OpId, Vec<Entry>>,
-    waiting: BTreeMap<String, Waiting>,
+    waiting: Store<String, u64>,
 }
 
 impl States {
@@ -116,26 +59,7 @@ impl States {
         me: &NodeId,
         mutation: Option<Mutation>,
     ) -> Vec<Entry> {
-        let mut waiting = Vec::new();
-        let names: Vec<String> = self
-            .waiting
-            .iter()
-            .filter(|(_, w)| partitions.contains(&w.partition))
-            .filter(|(_, w)| matches!(w.verdict(table, me), Verdict::Valid(_)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in names {
-            let w = self.waiting.remove(&key).expect("listed above");
-            let Verdict::Valid(token) = w.verdict(table, me) else {
-                unreachable!("filtered above")
-            };
-            waiting.push(Entry {
-                key,
-                partition: w.partition,
-                token,
-                state: w.state,
-            });
-        }
+        let mut waiting = self.waiting.take_partitions(partitions, table, me);
         if mutation == Some(Mutation::HandoffDropsWaiting) {
             waiting.clear();
         }
@@ -152,25 +76,20 @@ impl States {
         self.moves.remove(&move_id).unwrap_or_default()
     }
 
-    /// States received from a peer: each replaces any other of its key.
-    pub(super) fn receive(&mut self, entries: &[Entry]) {
-        self.insert(entries, |token| Basis::Sent { from: token });
+    /// A handoff received from a peer: the states it kept here (those of
+    /// an attempt older than one already heard of are ignored).
+    pub(super) fn receive(&mut self, manifest: &[Row], entries: &[Entry]) -> Vec<Entry> {
+        let received = self.waiting.receive(manifest, entries.to_vec());
+        entries
+            .iter()
+            .filter(|e| !received.ignored.iter().any(|i| i.name == e.name))
+            .cloned()
+            .collect()
     }
 
     /// States kept for this node's own ownership (a move that failed).
-    pub(super) fn keep(&mut self, entries: &[Entry]) {
-        self.insert(entries, |token| Basis::Owned { token });
-    }
-
-    fn insert(&mut self, entries: &[Entry], basis: impl Fn(OwnershipToken) -> Basis) {
-        for e in entries {
-            let waiting = Waiting {
-                partition: e.partition,
-                basis: basis(e.token),
-                state: e.state,
-            };
-            self.waiting.insert(e.key.clone(), waiting);
-        }
+    pub(super) fn keep(&mut self, entries: Vec<Entry>) {
+        self.waiting.keep(entries);
     }
 
     /// The state for `key`'s next process here, if one waits and belongs
@@ -181,38 +100,22 @@ impl States {
         table: &OwnershipTable,
         me: &NodeId,
     ) -> (Option<u64>, bool) {
-        let Some(w) = self.waiting.remove(key) else {
-            return (None, false);
-        };
-        match w.verdict(table, me) {
-            Verdict::Valid(_) => (Some(w.state), false),
-            Verdict::Stale => (None, true),
-            Verdict::Wait => {
-                self.waiting.insert(key.to_owned(), w);
-                (None, false)
-            }
+        match self.waiting.take_for_activation(&key.to_owned(), table, me) {
+            Taken::State(s) => (Some(s), false),
+            Taken::Stale(_) => (None, true),
+            Taken::Nothing => (None, false),
         }
     }
 
     /// Drop every waiting state `table` shows to be stale; their keys.
     pub(super) fn sweep(&mut self, table: &OwnershipTable, me: &NodeId) -> Vec<String> {
-        let stale: Vec<String> = self
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.verdict(table, me) == Verdict::Stale)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in &stale {
-            self.waiting.remove(k);
-        }
-        stale
+        let stale = self.waiting.sweep(table, me);
+        stale.into_iter().map(|(k, _)| k).collect()
     }
 
     /// The fence: every waiting state dies with the ownership it was for.
     pub(super) fn clear(&mut self) -> usize {
-        let n = self.waiting.len();
-        self.waiting.clear();
-        n
+        self.waiting.clear()
     }
 }
 
@@ -250,7 +153,7 @@ impl World {
             if let (Some(state), Some(token)) = (life.state, token) {
                 self.checker.handed_off(&node.id, &key, partition, state);
                 entries.push(Entry {
-                    key: key.clone(),
+                    name: key.clone(),
                     partition,
                     token,
                     state,
@@ -312,15 +215,26 @@ impl World {
             &node.id,
             mutation,
         );
+        let sent = entries.iter().map(|e| (e.partition, e.token));
+        let table = node.membership.table();
+        let manifest = handoff::manifest(move_id.into(), partitions, table, &node.id, sent);
         let name = node_name(i);
-        let states: Vec<(&str, u64)> = entries.iter().map(|e| (e.key.as_str(), e.state)).collect();
-        self.log(|| format!("{name}: handing {partitions:?} to {to} with states {states:?}"));
+        let states: Vec<(&str, u64)> = entries.iter().map(|e| (e.name.as_str(), e.state)).collect();
+        self.log(|| {
+            format!(
+                "{name}: handing {partitions:?} to {to} (attempt {}) with states {states:?}",
+                move_id.0
+            )
+        });
         if let Some(t) = self.by_addr(addr) {
+            // Sent even with no state: its rows supersede what an earlier
+            // attempt left at the target.
             let handoff = Ev::Handoff {
                 from: i,
                 from_inc: inc,
                 to: t,
                 op,
+                manifest,
                 entries,
             };
             // One request on a connection, as a forwarded call: never
@@ -332,25 +246,27 @@ impl World {
     }
 
     /// Node `to` received a handoff: it keeps the states for their keys'
-    /// next process here, and acks.
+    /// next process here (the checker hears of those it kept), and acks.
     pub(super) fn receive_handoff(
         &mut self,
         from: usize,
         from_inc: u64,
         to: usize,
         op: OpId,
+        manifest: &[Row],
         entries: &[Entry],
     ) {
         let node = &mut self.nodes[to];
-        node.states.receive(entries);
-        let states = entries.iter().map(|e| (e.key.as_str(), e.token, e.state));
+        let kept = node.states.receive(manifest, entries);
+        let states = kept.iter().map(|e| (e.name.as_str(), e.token, e.state));
         self.checker.received(&node.id, states);
         let name = node_name(to);
         self.log(|| {
             format!(
-                "{name}: received {} handoff states from {}",
+                "{name}: received {} handoff states from {}, kept {}",
                 entries.len(),
-                node_name(from)
+                node_name(from),
+                kept.len()
             )
         });
         let ack = Ev::HandoffAck {
@@ -367,16 +283,11 @@ impl World {
     pub(super) fn move_ended(&mut self, i: usize, move_id: OpId, outcome: MoveOutcome) {
         let node = &mut self.nodes[i];
         let entries = node.states.take_move(move_id);
+        let n = entries.len();
         if outcome == MoveOutcome::Kept {
-            node.states.keep(&entries);
+            node.states.keep(entries);
         }
         let name = node_name(i);
-        self.log(|| {
-            format!(
-                "{name}: move {} ended: {outcome:?} ({} states)",
-                move_id.0,
-                entries.len()
-            )
-        });
+        self.log(|| format!("{name}: move {} ended: {outcome:?} ({n} states)", move_id.0));
     }
 }

@@ -252,8 +252,9 @@ impl World {
                 from_inc,
                 to,
                 op,
+                manifest,
                 entries,
-            } => self.receive_handoff(from, from_inc, to, op, &entries),
+            } => self.receive_handoff(from, from_inc, to, op, &manifest, &entries),
             Ev::HandoffAck { node, op, .. } => {
                 self.input(node, |m, now| m.on_peer_done(now, op, Ok(())));
             }

@@ -23,6 +23,7 @@ use super::node::{Mode, SimNode};
 use super::{Config, Mutation, Report, show_us, timing};
 use crate::arbiter::{ArbiterState, LeaseId, Refusal};
 use crate::coordinator::{Reply, Request, RequestId};
+use crate::handoff::Row;
 use crate::membership::{OpId, PeerMessage};
 use crate::ownership::NodeId;
 use crate::partition::PartitionCount;
@@ -118,12 +119,14 @@ pub(super) enum Ev {
         to: usize,
         message: PeerMessage,
     },
-    /// A move's handoff states, to the target.
+    /// A move's handoff states, to the target, with the rows naming the
+    /// move's attempt.
     Handoff {
         from: usize,
         from_inc: u64,
         to: usize,
         op: OpId,
+        manifest: Vec<Row>,
         entries: Vec<Entry>,
     },
     /// The target took the states.
