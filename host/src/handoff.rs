@@ -1,11 +1,16 @@
-//! Handoff states between a key's processes on different nodes.
+//! Handoff states between a key's processes on different nodes, as this
+//! node holds and sends them.
 //!
 //! A graceful move stops a partition's keys with `handoff` and sends their
 //! states to the partition's next owner, which gives each one to that key's
-//! next process (contract §3, §5 row 8: "handoff state arrives"). This module
-//! owns the states that wait here for that: the ones this node was sent, and
-//! the ones it kept after a move that failed. It decides which of them still
-//! belong to an ownership of this node, and cuts outgoing states into frames.
+//! next process (contract §3, §5 row 8: "handoff state arrives"). Which of
+//! the states waiting here belong to an ownership of this node, and which a
+//! newer move attempt superseded, is `fief_core::handoff`'s (one copy of the
+//! rules, which the simulation runs too). This module owns what is the
+//! host's: the waiting states' bytes, charged to their tenants' host-memory
+//! ledgers and counted; the [`LostState`] each drop is reported as; the wire
+//! shapes (`HandoffEntry`, `HandoffRow`); and the cutting of an attempt into
+//! frames under the peer frame limit, at least one frame an attempt.
 //!
 //! The rules, each held by a test (`docs/design.md`, "Graceful handoff"):
 //! - A waiting state stays until its key's next process takes it, however
@@ -13,75 +18,35 @@
 //!   ([`HandoffStates::take_partitions`]): it never expires.
 //! - A state sent to this node is served only if the table says this node got
 //!   the partition *by that very transfer* ([`fief_core::Assignment::handed_from`]
-//!   equals the token the sender held it under). A state from a transfer that
-//!   never committed, or from an ownership that has since moved elsewhere, is
-//!   dropped when the table shows it, never served (it would be old).
+//!   equals the token the sender held it under), and only if no later attempt
+//!   of the sender's under that token superseded it. A state from a transfer
+//!   that never committed, or from an ownership that has since moved
+//!   elsewhere, is dropped when the table shows it, never served (it would be
+//!   old).
 //! - A fence drops every waiting state (un-persisted state dies with the
 //!   ownership, guarantee 4). Every drop is logged and counted
 //!   (`fief_handoff_states`).
 //!
 //! It must not do I/O or wait: the node calls it under its own locks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashSet};
 
+use fief_core::handoff::{self, Attempt, Entry, Row, Store, Taken};
 use fief_core::{NodeId, OwnershipTable, OwnershipToken, PartitionId};
 
 use crate::host_bytes::{Held, TenantLedgers};
-use crate::transport::HandoffEntry;
+use crate::transport::{HandoffEntry, HandoffRow};
 
-/// Why a waiting state may (or may not) be given to a process here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Basis {
-    /// Sent by the previous owner, which held the partition under this
-    /// token: valid once this node owns it by a handoff from that token.
-    Sent { from: OwnershipToken },
-    /// Kept by this node under its own ownership with this token (a move
-    /// out that failed, or a sent state already confirmed).
-    Owned { token: OwnershipToken },
-}
+/// A waiting state's key: (module, key).
+type Name = (String, String);
 
-/// What the table says of one waiting state.
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    /// It belongs to this node's current ownership of its partition.
-    Valid(OwnershipToken),
-    /// This node's table is not yet as new as the state: keep it.
-    Wait,
-    /// The ownership it was meant for never began or has ended.
-    Stale,
-}
-
+/// A waiting state's bytes, charged to its tenant's host-memory ledger
+/// whatever its limit: refusing a state that already exists would lose it
+/// ([`crate::host_bytes`]).
 #[derive(Debug)]
-struct Waiting {
-    partition: PartitionId,
-    basis: Basis,
+struct HeldState {
     state: Vec<u8>,
-    /// The state's bytes, charged to its tenant's host-memory ledger
-    /// whatever its limit: refusing a state that already exists would lose
-    /// it ([`crate::host_bytes`]).
     _held: Held,
-}
-
-impl Waiting {
-    fn verdict(&self, table: &OwnershipTable, me: &NodeId) -> Verdict {
-        let owner = table.owner(self.partition);
-        let newer_than = |t: OwnershipToken| match owner {
-            Some(a) => a.token > t,
-            None => table.epoch() >= t.0,
-        };
-        match self.basis {
-            Basis::Owned { token } => match owner {
-                Some(a) if &a.node == me && a.token == token => Verdict::Valid(token),
-                _ if newer_than(token) => Verdict::Stale,
-                _ => Verdict::Wait,
-            },
-            Basis::Sent { from } => match owner {
-                Some(a) if &a.node == me && a.handed_from == Some(from) => Verdict::Valid(a.token),
-                _ if newer_than(from) => Verdict::Stale,
-                _ => Verdict::Wait,
-            },
-        }
-    }
 }
 
 /// A state this node could not keep or pass on, for logs and the leave's
@@ -96,65 +61,47 @@ pub struct LostState {
     pub reason: String,
 }
 
+/// What one handoff frame received did.
+#[derive(Debug)]
+pub(crate) struct Receipt {
+    /// How many of its states wait here now.
+    pub(crate) kept: usize,
+    /// Copies made stale by a newer attempt of their sender: its own states
+    /// that came late, and older ones it did not carry again (their keys
+    /// ran on the sender since). Not losses: the newer attempt carries what
+    /// the sender holds.
+    pub(crate) superseded: usize,
+}
+
 /// The handoff states waiting on one node, by (module, key).
 #[derive(Debug, Default)]
 pub(crate) struct HandoffStates {
-    waiting: HashMap<(String, String), Waiting>,
-    bytes: usize,
+    store: Store<Name, HeldState>,
 }
 
 impl HandoffStates {
-    /// States received from a peer: each replaces any older one of its key.
-    pub(crate) fn receive(&mut self, entries: Vec<HandoffEntry>, ledgers: &TenantLedgers) -> usize {
-        let n = entries.len();
-        self.insert_all(entries, ledgers, |token| Basis::Sent { from: token });
-        n
+    /// A frame received from a peer: its rows and states (see
+    /// [`Store::receive`]).
+    pub(crate) fn receive(
+        &mut self,
+        manifest: &[HandoffRow],
+        entries: Vec<HandoffEntry>,
+        ledgers: &TenantLedgers,
+    ) -> Receipt {
+        let rows: Vec<Row> = manifest.iter().map(row_from_wire).collect();
+        let entries = entries.into_iter().map(|e| held(e, ledgers)).collect();
+        let received = self.store.receive(&rows, entries);
+        Receipt {
+            kept: received.kept,
+            superseded: received.ignored.len() + received.superseded.len(),
+        }
     }
 
     /// States this node keeps for its own ownership of their partitions
     /// under the tokens the entries name (a move that failed).
     pub(crate) fn keep(&mut self, entries: Vec<HandoffEntry>, ledgers: &TenantLedgers) {
-        self.insert_all(entries, ledgers, |token| Basis::Owned { token });
-    }
-
-    /// Insert `entries`, each waiting on the basis its token gives.
-    fn insert_all(
-        &mut self,
-        entries: Vec<HandoffEntry>,
-        ledgers: &TenantLedgers,
-        basis: impl Fn(OwnershipToken) -> Basis,
-    ) {
-        for entry in entries {
-            let tenant = crate::auth::tenant_of(&entry.module).unwrap_or("");
-            let held = ledgers
-                .of(tenant)
-                .force(entry.state.len() + entry.module.len() + entry.key.len());
-            let waiting = Waiting {
-                partition: PartitionId(entry.partition),
-                basis: basis(OwnershipToken(entry.token)),
-                state: entry.state,
-                _held: held,
-            };
-            self.insert(entry.module, entry.key, waiting);
-        }
-    }
-
-    fn insert(&mut self, module: String, key: String, waiting: Waiting) {
-        self.bytes += waiting.state.len();
-        if let Some(old) = self.waiting.insert((module, key), waiting) {
-            self.bytes -= old.state.len();
-        }
-    }
-
-    fn remove(&mut self, module: &str, key: &str) -> Option<Waiting> {
-        // Activations are common and handoffs rare: no allocation when
-        // nothing waits.
-        if self.waiting.is_empty() {
-            return None;
-        }
-        let waiting = self.waiting.remove(&(module.to_owned(), key.to_owned()))?;
-        self.bytes -= waiting.state.len();
-        Some(waiting)
+        let entries = entries.into_iter().map(|e| held(e, ledgers)).collect();
+        self.store.keep(entries);
     }
 
     /// The state for `module`/`key`'s next process on this node, if one
@@ -168,16 +115,16 @@ impl HandoffStates {
         table: &OwnershipTable,
         me: &NodeId,
     ) -> (Option<Vec<u8>>, Option<LostState>) {
-        let Some(waiting) = self.remove(module, key) else {
+        // Activations are common and handoffs rare: no allocation when
+        // nothing waits.
+        if self.store.is_empty() {
             return (None, None);
-        };
-        match waiting.verdict(table, me) {
-            Verdict::Valid(_) => (Some(waiting.state), None),
-            Verdict::Stale => (None, Some(stale(module, key))),
-            Verdict::Wait => {
-                self.insert(module.to_owned(), key.to_owned(), waiting);
-                (None, None)
-            }
+        }
+        let name = (module.to_owned(), key.to_owned());
+        match self.store.take_for_activation(&name, table, me) {
+            Taken::State(s) => (Some(s.state), None),
+            Taken::Stale(_) => (None, Some(stale(name))),
+            Taken::Nothing => (None, None),
         }
     }
 
@@ -186,83 +133,141 @@ impl HandoffStates {
     /// node holds each partition by.
     pub(crate) fn take_partitions(
         &mut self,
-        partitions: &std::collections::BTreeSet<PartitionId>,
+        partitions: &BTreeSet<PartitionId>,
         table: &OwnershipTable,
         me: &NodeId,
     ) -> Vec<HandoffEntry> {
-        if self.waiting.is_empty() {
+        if self.store.is_empty() {
             return Vec::new();
         }
-        let names: Vec<(String, String)> = self
-            .waiting
-            .iter()
-            .filter(|(_, w)| partitions.contains(&w.partition))
-            .filter(|(_, w)| matches!(w.verdict(table, me), Verdict::Valid(_)))
-            .map(|(name, _)| name.clone())
-            .collect();
-        let mut entries = Vec::with_capacity(names.len());
-        for (module, key) in names {
-            let waiting = self.remove(&module, &key).expect("listed above");
-            let Verdict::Valid(token) = waiting.verdict(table, me) else {
-                unreachable!("filtered above")
-            };
-            entries.push(HandoffEntry {
-                module,
-                key,
-                partition: waiting.partition.0,
-                token: token.0,
-                state: waiting.state,
-            });
-        }
-        entries
-    }
-
-    /// Drop every state `table` shows to be stale; returns them.
-    pub(crate) fn sweep(&mut self, table: &OwnershipTable, me: &NodeId) -> Vec<LostState> {
-        if self.waiting.is_empty() {
-            return Vec::new();
-        }
-        let names: Vec<(String, String)> = self
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.verdict(table, me) == Verdict::Stale)
-            .map(|(name, _)| name.clone())
-            .collect();
-        names
+        let taken = self.store.take_partitions(partitions, table, me);
+        taken
             .into_iter()
-            .map(|(module, key)| {
-                self.remove(&module, &key);
-                stale(&module, &key)
+            .map(|e| {
+                let (module, key) = e.name;
+                HandoffEntry {
+                    module,
+                    key,
+                    partition: e.partition.0,
+                    token: e.token.0,
+                    state: e.state.state,
+                }
             })
             .collect()
     }
 
-    /// Drop everything (the node fenced); returns how many were dropped.
+    /// Drop every state `table` shows to be stale; returns them.
+    pub(crate) fn sweep(&mut self, table: &OwnershipTable, me: &NodeId) -> Vec<LostState> {
+        let dropped = self.store.sweep(table, me);
+        dropped.into_iter().map(|(name, _)| stale(name)).collect()
+    }
+
+    /// Drop every state (the node fenced); returns how many were dropped.
     pub(crate) fn clear(&mut self) -> usize {
-        let n = self.waiting.len();
-        self.waiting.clear();
-        self.bytes = 0;
-        n
+        self.store.clear()
     }
 
     /// How many states wait, and their bytes.
     pub(crate) fn size(&self) -> (usize, usize) {
-        (self.waiting.len(), self.bytes)
+        let bytes = self.store.states().map(|s| s.state.len()).sum();
+        (self.store.len(), bytes)
     }
 }
 
-fn stale(module: &str, key: &str) -> LostState {
+/// `entry`, its bytes charged to its tenant.
+fn held(entry: HandoffEntry, ledgers: &TenantLedgers) -> Entry<Name, HeldState> {
+    let tenant = crate::auth::tenant_of(&entry.module).unwrap_or("");
+    let charge = entry.state.len() + entry.module.len() + entry.key.len();
+    let state = HeldState {
+        state: entry.state,
+        _held: ledgers.of(tenant).force(charge),
+    };
+    Entry {
+        name: (entry.module, entry.key),
+        partition: PartitionId(entry.partition),
+        token: OwnershipToken(entry.token),
+        state,
+    }
+}
+
+fn row_from_wire(row: &HandoffRow) -> Row {
+    Row {
+        partition: PartitionId(row.partition),
+        token: OwnershipToken(row.token),
+        attempt: Attempt(row.attempt),
+    }
+}
+
+fn stale((module, key): Name) -> LostState {
     LostState {
-        module: module.to_owned(),
-        key: key.to_owned(),
+        module,
+        key,
         reason: "its handoff was for an ownership that never began or has ended".to_owned(),
     }
 }
 
-/// Cut `entries` into batches of at most `budget` bytes each (a state's
-/// bytes plus its names), each sent as one frame; an entry alone over the
-/// budget gets a batch of its own (the caller bounds states below it).
-pub(crate) fn batches(entries: Vec<HandoffEntry>, budget: usize) -> Vec<Vec<HandoffEntry>> {
+/// The rows of move `attempt` handing `partitions` away with `entries`, as
+/// `table` shows them ([`handoff::manifest`]).
+pub(crate) fn manifest(
+    attempt: Attempt,
+    partitions: &BTreeSet<PartitionId>,
+    table: &OwnershipTable,
+    me: &NodeId,
+    entries: &[HandoffEntry],
+) -> Vec<HandoffRow> {
+    let sent = entries
+        .iter()
+        .map(|e| (PartitionId(e.partition), OwnershipToken(e.token)));
+    handoff::manifest(attempt, partitions, table, me, sent)
+        .into_iter()
+        .map(|r| HandoffRow {
+            partition: r.partition.0,
+            token: r.token.0,
+            attempt: r.attempt.0,
+        })
+        .collect()
+}
+
+/// One frame of a handoff attempt: its rows and its states.
+pub(crate) type Frame = (Vec<HandoffRow>, Vec<HandoffEntry>);
+
+/// Cut one attempt into frames of at most `budget` bytes each (a state's
+/// bytes plus its names and its row): first the rows no state names, as
+/// many a frame as fit; then the states, each frame with the rows of its
+/// own states. Never none: an attempt with neither rows nor states is one
+/// empty frame, so every attempt reaches the target before its transfer.
+/// An entry alone over the budget gets a frame of its own (the caller
+/// bounds states below it).
+pub(crate) fn frames(
+    manifest: Vec<HandoffRow>,
+    entries: Vec<HandoffEntry>,
+    budget: usize,
+) -> Vec<Frame> {
+    let named: HashSet<(u32, u64)> = entries.iter().map(|e| (e.partition, e.token)).collect();
+    let (tied, untied): (Vec<HandoffRow>, Vec<HandoffRow>) = manifest
+        .into_iter()
+        .partition(|r| named.contains(&(r.partition, r.token)));
+    let mut out: Vec<Frame> = untied
+        .chunks((budget / ROW_COST).max(1))
+        .map(|rows| (rows.to_vec(), Vec::new()))
+        .collect();
+    for batch in batches(entries, budget) {
+        let pairs: HashSet<(u32, u64)> = batch.iter().map(|e| (e.partition, e.token)).collect();
+        let rows = tied
+            .iter()
+            .filter(|r| pairs.contains(&(r.partition, r.token)))
+            .copied()
+            .collect();
+        out.push((rows, batch));
+    }
+    if out.is_empty() {
+        out.push((Vec::new(), Vec::new()));
+    }
+    out
+}
+
+/// Cut `entries` into batches of at most `budget` bytes each.
+fn batches(entries: Vec<HandoffEntry>, budget: usize) -> Vec<Vec<HandoffEntry>> {
     let mut out: Vec<Vec<HandoffEntry>> = Vec::new();
     let mut used = 0;
     for entry in entries {
@@ -277,9 +282,12 @@ pub(crate) fn batches(entries: Vec<HandoffEntry>, budget: usize) -> Vec<Vec<Hand
     out
 }
 
-/// A generous estimate of an entry's encoded size.
+/// A generous estimate of a row's encoded size (three varints).
+const ROW_COST: usize = 32;
+
+/// A generous estimate of an entry's encoded size, with a row for it.
 fn entry_cost(entry: &HandoffEntry) -> usize {
-    entry.state.len() + entry.module.len() + entry.key.len() + 32
+    entry.state.len() + entry.module.len() + entry.key.len() + 32 + ROW_COST
 }
 
 #[cfg(test)]
@@ -301,112 +309,145 @@ mod tests {
         }
     }
 
-    /// A table where `a` owns partition 0, and the same table after `a`
-    /// handed it to `b`.
-    fn tables() -> (OwnershipTable, OwnershipTable, OwnershipToken) {
-        let mut before = OwnershipTable::new(PartitionCount::new(2).unwrap());
-        before.reassign([
-            (PartitionId(0), Some(NodeId::new("a"))),
-            (PartitionId(1), Some(NodeId::new("a"))),
-        ]);
-        let from = before.owner(PartitionId(0)).unwrap().token;
-        let mut after = before.clone();
-        after.hand_over([(PartitionId(0), NodeId::new("b"))]);
-        (before, after, from)
+    fn row(partition: u32, token: u64, attempt: u64) -> HandoffRow {
+        HandoffRow {
+            partition,
+            token,
+            attempt,
+        }
     }
 
+    /// A table where `a` owns partition 0, and after `a` handed it to `b`.
+    fn handed() -> (OwnershipTable, u64) {
+        let mut table = OwnershipTable::new(PartitionCount::new(2).unwrap());
+        table.reassign([(PartitionId(0), Some(NodeId::new("a")))]);
+        let from = table.owner(PartitionId(0)).unwrap().token.0;
+        table.hand_over([(PartitionId(0), NodeId::new("b"))]);
+        (table, from)
+    }
+
+    /// The host's side of the core's rules: bytes counted and charged, a
+    /// stale state reported by name, attempts read off the wire.
     #[test]
-    fn a_sent_state_waits_for_the_transfer_then_is_served_once() {
-        let (before, after, from) = tables();
+    fn states_are_counted_charged_and_reported_by_name() {
+        let (after, from) = handed();
         let b = NodeId::new("b");
+        let ledgers = TenantLedgers::new(1 << 20);
         let mut states = HandoffStates::default();
-        states.receive(vec![entry("k", 0, from.0, b"5")], &ledgers());
-        // The table does not show the transfer yet: nothing, and it stays.
-        assert_eq!(
-            states.take_for_activation("m", "k", &before, &b),
-            (None, None)
+        let first = states.receive(
+            &[row(0, from, 1)],
+            vec![
+                entry("k", 0, from, b"old-state"),
+                entry("j", 0, from, b"jj"),
+            ],
+            &ledgers,
         );
-        assert!(states.sweep(&before, &b).is_empty());
-        assert_eq!(states.size(), (1, 1));
+        assert_eq!((first.kept, first.superseded), (2, 0));
+        assert_eq!(states.size(), (2, 11));
+        assert!(ledgers.of("").used() > 0, "charged to the tenant");
+        // Attempt 2 carries k again and not j: j's copy is superseded.
+        let second = states.receive(
+            &[row(0, from, 2)],
+            vec![entry("k", 0, from, b"new")],
+            &ledgers,
+        );
+        assert_eq!((second.kept, second.superseded), (1, 1));
+        assert_eq!(states.size(), (1, 3));
+        // A late frame of attempt 1 changes nothing.
+        let late = states.receive(
+            &[row(0, from, 1)],
+            vec![entry("k", 0, from, b"old")],
+            &ledgers,
+        );
+        assert_eq!((late.kept, late.superseded), (0, 1));
         assert_eq!(
             states.take_for_activation("m", "k", &after, &b),
-            (Some(b"5".to_vec()), None)
+            (Some(b"new".to_vec()), None)
         );
         assert_eq!(states.size(), (0, 0));
+        assert_eq!(ledgers.of("").used(), 0, "released with the states");
+        // Sent to b, found on c: stale, by name.
+        let mut states = HandoffStates::default();
+        states.receive(&[], vec![entry("k", 0, from, b"5")], &ledgers);
+        let lost = states
+            .take_for_activation("m", "k", &after, &NodeId::new("c"))
+            .1;
+        assert_eq!(
+            lost.map(|l| (l.module, l.key)),
+            Some(("m".to_owned(), "k".to_owned()))
+        );
     }
 
     #[test]
-    fn a_state_from_a_transfer_that_did_not_commit_is_never_served() {
-        let (before, _, from) = tables();
+    fn kept_states_go_out_as_entries_and_a_fence_drops_them() {
+        let (after, _) = handed();
+        let token = after.owner(PartitionId(0)).unwrap().token.0;
         let b = NodeId::new("b");
         let mut states = HandoffStates::default();
-        states.receive(vec![entry("k", 0, from.0, b"5")], &ledgers());
-        // The partition went to b by the leader (an expiry), not by this
-        // transfer: the state is old.
-        let mut expired = before.clone();
-        expired.reassign([(PartitionId(0), None)]);
-        expired.reassign([(PartitionId(0), Some(b.clone()))]);
-        let (state, lost) = states.take_for_activation("m", "k", &expired, &b);
-        assert_eq!(state, None);
-        assert_eq!(lost.map(|l| l.key), Some("k".to_owned()));
-        // Or to a third node: dropped at the next sweep.
-        states.receive(vec![entry("k", 0, from.0, b"5")], &ledgers());
-        let mut elsewhere = before.clone();
-        elsewhere.hand_over([(PartitionId(0), NodeId::new("c"))]);
-        assert_eq!(states.sweep(&elsewhere, &b).len(), 1);
-        assert_eq!(states.size(), (0, 0));
-    }
-
-    #[test]
-    fn kept_states_travel_with_the_next_move_and_only_for_the_owner() {
-        let (before, after, from) = tables();
-        let a = NodeId::new("a");
-        let mut states = HandoffStates::default();
         states.keep(
-            vec![entry("k", 0, from.0, b"7"), entry("j", 1, 1, b"x")],
+            vec![entry("k", 0, token, b"7"), entry("j", 1, 1, b"x")],
             &ledgers(),
         );
         let moving = [PartitionId(0)].into_iter().collect();
-        // Only partition 0's state, under a's token (both have the same).
-        let out = states.take_partitions(&moving, &before, &a);
+        let out = states.take_partitions(&moving, &after, &b);
         assert_eq!(out.len(), 1);
-        assert_eq!((out[0].key.as_str(), out[0].token), ("k", from.0));
-        // Once the table shows partition 0 gone, a kept state of it is stale.
-        states.keep(out, &ledgers());
-        assert_eq!(states.sweep(&after, &a).len(), 1);
-    }
-
-    #[test]
-    fn a_newer_state_replaces_an_older_one_and_bytes_add_up() {
-        let mut states = HandoffStates::default();
-        states.receive(vec![entry("k", 0, 1, b"old-state")], &ledgers());
-        states.receive(
-            vec![entry("k", 0, 1, b"new"), entry("j", 0, 1, b"jj")],
-            &ledgers(),
+        assert_eq!(
+            (out[0].key.as_str(), out[0].token, out[0].state.as_slice()),
+            ("k", token, &b"7"[..])
         );
-        assert_eq!(states.size(), (2, 5));
-        assert_eq!(states.clear(), 2);
+        // j's partition is unowned at an epoch past its token: stale.
+        assert_eq!(states.sweep(&after, &b).len(), 1);
+        states.keep(out, &ledgers());
+        assert_eq!(states.clear(), 1);
         assert_eq!(states.size(), (0, 0));
     }
 
     #[test]
-    fn batches_stay_under_the_budget_and_keep_every_entry() {
+    fn the_manifest_names_the_moved_partitions_in_their_rows() {
+        let (after, _) = handed();
+        let token = after.owner(PartitionId(0)).unwrap().token.0;
+        let moving = [PartitionId(0), PartitionId(1)].into_iter().collect();
+        let rows = manifest(Attempt(7), &moving, &after, &NodeId::new("b"), &[]);
+        assert_eq!(rows, vec![row(0, token, 7)], "b owns partition 0 only");
+    }
+
+    #[test]
+    fn frames_stay_under_the_budget_and_keep_every_entry_and_row() {
         let entries: Vec<HandoffEntry> = (0..10)
-            .map(|i| entry(&format!("k{i}"), 0, 1, &vec![0; 300]))
+            .map(|i| entry(&format!("k{i}"), i % 2, 1, &vec![0; 300]))
             .collect();
-        let out = batches(entries, 1000);
-        assert_eq!(out.iter().map(Vec::len).sum::<usize>(), 10);
-        assert!(
-            out.iter()
-                .all(|b| b.iter().map(entry_cost).sum::<usize>() <= 1000)
-        );
-        // 335 bytes an entry: two fit in 1000, three do not.
-        assert_eq!(out.len(), 5);
-        // An entry over the budget alone still goes, in a batch of its own.
-        let big = batches(
+        let manifest = vec![row(0, 1, 3), row(1, 1, 3), row(2, 1, 3)];
+        let out = frames(manifest.clone(), entries, 1000);
+        // The row no state names first, alone; then the states, two a
+        // frame (367 bytes an entry: two fit in 1000, three do not).
+        assert_eq!(out[0], (vec![row(2, 1, 3)], Vec::new()));
+        assert_eq!(out.len(), 6);
+        assert_eq!(out.iter().map(|f| f.1.len()).sum::<usize>(), 10);
+        for (rows, batch) in &out[1..] {
+            assert!(batch.iter().map(entry_cost).sum::<usize>() <= 1000);
+            // Each frame names the rows of its own states.
+            for e in batch {
+                assert!(
+                    rows.iter()
+                        .any(|r| (r.partition, r.token) == (e.partition, e.token))
+                );
+            }
+        }
+        // An entry over the budget alone still goes, in a frame of its own.
+        let big = frames(
+            Vec::new(),
             vec![entry("a", 0, 1, b"x"), entry("b", 0, 1, &[0; 2000])],
             1000,
         );
         assert_eq!(big.len(), 2);
+        // An attempt with no state is still a frame; with nothing at all too.
+        assert_eq!(frames(manifest[..1].to_vec(), Vec::new(), 1000).len(), 1);
+        assert_eq!(
+            frames(Vec::new(), Vec::new(), 1000),
+            vec![(Vec::new(), Vec::new())]
+        );
+        // Many rows are cut too.
+        let rows: Vec<HandoffRow> = (0..100).map(|p| row(p, 1, 3)).collect();
+        assert_eq!(frames(rows, Vec::new(), 1000).len(), 4);
     }
 }

@@ -62,8 +62,18 @@ pub(crate) enum PeerRequest {
     },
     /// Graceful move, step 1: the old owner hands over the state of the keys
     /// it stopped, before it gives the partitions away (in as many frames as
-    /// the states need, each under the frame limit; see `handoff.rs`).
-    Handoff { entries: Vec<HandoffEntry> },
+    /// the states need, each under the frame limit; see `handoff.rs`), and
+    /// names the move attempt each partition's states belong to: at least
+    /// one frame an attempt, states or none.
+    Handoff {
+        entries: Vec<HandoffEntry>,
+        /// The attempt's rows for this frame's states, and (in its first
+        /// frames) for the attempt's other partitions. Last, so a sender of
+        /// an older version, which sends none, is read as sending none (and
+        /// a receiver of an older version ignores them).
+        #[serde(default, deserialize_with = "absent_is_empty")]
+        manifest: Vec<HandoffRow>,
+    },
     /// The leader asks the owner to hand these partitions to these nodes.
     Move { moves: Vec<(u32, String)> },
     /// The table changed: refresh it now rather than at the next renewal.
@@ -77,7 +87,7 @@ pub(crate) enum PeerRequest {
 }
 
 /// One key's handoff state, on its way to the new owner.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct HandoffEntry {
     pub(crate) module: String,
     pub(crate) key: String,
@@ -87,6 +97,28 @@ pub(crate) struct HandoffEntry {
     /// the state only if it gets the partition by a handoff from it.
     pub(crate) token: u64,
     pub(crate) state: Vec<u8>,
+}
+
+/// One partition of a handoff attempt (`fief_core::handoff::Row`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HandoffRow {
+    pub(crate) partition: u32,
+    /// The token the sender holds the partition under.
+    pub(crate) token: u64,
+    /// The sender's move attempt: a newer one supersedes the older ones'
+    /// states of the partition under the token.
+    pub(crate) attempt: u64,
+}
+
+/// A trailing field a sender of an older version does not send: postcard
+/// has no field names, so `#[serde(default)]` alone reads past the end and
+/// fails; the end of the input reads as the default.
+fn absent_is_empty<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Vec::deserialize(d).unwrap_or_default())
 }
 
 /// An error as it crosses the wire.
@@ -405,5 +437,83 @@ impl PeerPool {
             }),
             Ok(Ok(answer)) => answer.map_err(|e| e.into_error(addr)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handoff request as a sender of the version before attempts sent
+    /// it (the variants before it only hold its place).
+    #[derive(Debug, Serialize, Deserialize)]
+    enum OldRequest {
+        Hello,
+        Call,
+        Cast,
+        Handoff { entries: Vec<HandoffEntry> },
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    enum OldFrame {
+        Request { id: u64, body: OldRequest },
+    }
+
+    fn entry() -> HandoffEntry {
+        HandoffEntry {
+            module: "m".to_owned(),
+            key: "k".to_owned(),
+            partition: 3,
+            token: 9,
+            state: b"5".to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_handoff_without_a_manifest_still_reads_and_an_older_receiver_reads_one_with() {
+        let old = OldFrame::Request {
+            id: 1,
+            body: OldRequest::Handoff {
+                entries: vec![entry()],
+            },
+        };
+        let bytes = postcard::to_stdvec(&old).unwrap();
+        let Frame::Request {
+            id: 1,
+            body: PeerRequest::Handoff { entries, manifest },
+        } = decode_frame(&bytes).unwrap()
+        else {
+            panic!("not a handoff")
+        };
+        assert_eq!((entries.len(), manifest.len()), (1, 0));
+        let row = HandoffRow {
+            partition: 3,
+            token: 9,
+            attempt: 4,
+        };
+        let new = Frame::Request {
+            id: 2,
+            body: PeerRequest::Handoff {
+                entries: vec![entry()],
+                manifest: vec![row],
+            },
+        };
+        let bytes = encode(&new).unwrap();
+        let Frame::Request {
+            body: PeerRequest::Handoff { manifest, .. },
+            ..
+        } = decode_frame(&bytes).unwrap()
+        else {
+            panic!("not a handoff")
+        };
+        assert_eq!(manifest, vec![row]);
+        let OldFrame::Request {
+            id: 2,
+            body: OldRequest::Handoff { entries },
+        } = postcard::from_bytes(&bytes).unwrap()
+        else {
+            panic!("not a handoff")
+        };
+        assert_eq!(entries[0].state, b"5");
     }
 }

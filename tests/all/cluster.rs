@@ -83,13 +83,15 @@ pub fn config(id: usize) -> NodeConfig {
 }
 
 /// The cluster's arbiter: the shared [`LocalArbiter`] (which judges expiry
-/// on the cluster's stepped clock), plus two test-only powers: list a node's
-/// peer address as that of a proxy in front of it, and hold a node's
-/// `campaign` calls (the arbiter is slow to answer that node).
+/// on the cluster's stepped clock), plus three test-only powers: list a
+/// node's peer address as that of a proxy in front of it, hold a node's
+/// `campaign` calls (the arbiter is slow to answer that node), and refuse a
+/// node's next `transfer` without committing it.
 pub struct TestArbiter {
     local: LocalArbiter,
     peer_addrs: HashMap<NodeId, String>,
     held: watch::Sender<HashSet<NodeId>>,
+    refuse_transfer: Mutex<HashSet<NodeId>>,
 }
 
 impl Arbiter for TestArbiter {
@@ -159,6 +161,11 @@ impl Arbiter for TestArbiter {
         lease: LeaseId,
         moves: Vec<(PartitionId, NodeId)>,
     ) -> ArbiterFuture<'a, OwnershipTable> {
+        if self.refuse_transfer.lock().unwrap().remove(from) {
+            let refused =
+                fief::arbiter::ArbiterError::Unreachable("refused by the test".to_owned());
+            return Box::pin(std::future::ready(Err(refused)));
+        }
         self.local.transfer(namespace, from, lease, moves)
     }
 
@@ -367,6 +374,7 @@ impl Cluster {
             local: arbiter.clone(),
             peer_addrs,
             held: watch::channel(HashSet::new()).0,
+            refuse_transfer: Mutex::default(),
         });
         let lives = ownership_checker::LifeRecorder::default();
         let mut nodes = Vec::new();
@@ -550,6 +558,29 @@ impl Cluster {
                 reach.held.remove(&i);
             }
         });
+    }
+
+    /// Refuse node `i`'s next `transfer` at the arbiter without committing
+    /// it (as if it never arrived): its move fails after the handoff.
+    pub fn refuse_next_transfer(&self, i: usize) {
+        let node = NodeId::new(format!("n{i}"));
+        self.test_arbiter
+            .refuse_transfer
+            .lock()
+            .unwrap()
+            .insert(node);
+    }
+
+    /// Whether the refusal [`Cluster::refuse_next_transfer`] armed for node
+    /// `i` was used.
+    pub fn transfer_refused(&self, i: usize) -> bool {
+        let node = NodeId::new(format!("n{i}"));
+        !self
+            .test_arbiter
+            .refuse_transfer
+            .lock()
+            .unwrap()
+            .contains(&node)
     }
 
     /// Crash node `i` (its process dies: no key stops gracefully, its lease

@@ -13,7 +13,9 @@
 //! - a call routed just before a move began does not start a fresh process
 //!   after the handoff (the root cause of the fresh-machine issue's
 //!   `leave_hands_off_counter_state_with_no_double_serve` failure: alice
-//!   counted from 1 again).
+//!   counted from 1 again);
+//! - a state a failed move attempt left at the target is not served once a
+//!   later attempt of the same owner commits (the simulation's seed 931).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -488,5 +490,103 @@ async fn a_leave_the_arbiter_cannot_take_is_refused_and_the_node_serves_on() {
     assert_eq!(refused.http_status(), 503);
     c.set_arbiter_down(false);
     assert_eq!(c.call(1, &key, "incr").await.unwrap(), "2");
+    c.check();
+}
+
+/// Step the clock `steps` times while `leave` runs (it must not end).
+async fn step_during<F: std::future::Future>(
+    c: &Cluster,
+    leave: &mut std::pin::Pin<&mut F>,
+    steps: u32,
+) where
+    F::Output: std::fmt::Debug,
+{
+    for _ in 0..steps {
+        tokio::select! {
+            left = leave.as_mut() => panic!("the leave ended early: {left:?}"),
+            () = tokio::time::sleep(Duration::from_millis(20)) => c.advance(STEP).await,
+        }
+    }
+}
+
+/// A failed attempt's states are not served after a later attempt of the
+/// same owner commits (the simulation's seed 931, on real nodes). n1 counts
+/// a key to 5 and leaves; its first move hands the state to n0, but the
+/// arbiter refuses the transfer, so n1 keeps the partitions and the state.
+/// The leader's round is held while n1's own round settles the partitions:
+/// n1 serves the key from its kept state (5, then 6) and the key retires
+/// idle, its state dying with it (un-persisted state). n1's next move
+/// carries no state for the key and commits under the same token as the
+/// first. Before attempts were named, n0 then served the first attempt's
+/// 5 to the key's next process: a state the key had long moved past. Now
+/// the later attempt's frame (sent though it holds no state) drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_attempts_state_is_not_served_after_a_later_attempt_commits() {
+    let c = Cluster::start(2, &[("counter", guests::COUNTER)]).await;
+    let idle = ModuleOptions {
+        idle_timeout: Duration::from_secs(3),
+        ..ModuleOptions::default()
+    };
+    c.node(0)
+        .deploy("idle", guests::bytes(guests::COUNTER), idle)
+        .await
+        .expect("deploying idle");
+    c.stabilize().await;
+    assert!(c.node(0).status().leader_term.is_some(), "n0 leads");
+    let key = c.key_owned_by(1).await;
+    for i in 1..=5 {
+        assert_eq!(
+            call(c.node(1), "idle", &key, "incr").await.unwrap(),
+            i.to_string()
+        );
+    }
+    c.refuse_next_transfer(1);
+    let leave = c.node(1).leave(Duration::from_secs(60));
+    tokio::pin!(leave);
+    // The first attempt: handed, its transfer refused, the state kept.
+    let mut steps = 0;
+    while !(c.transfer_refused(1) && c.node(1).status().handoff_states == 1) {
+        assert!(steps < 50, "the first attempt did not fail as arranged");
+        step_during(&c, &mut leave, 1).await;
+        steps += 1;
+    }
+    assert_eq!(
+        c.node(0).status().handoff_states,
+        1,
+        "n0 got the first attempt's state"
+    );
+    // n1's next round settles its partitions; the leader's, held, asks
+    // for no move meanwhile.
+    c.hold_campaign(0, true);
+    step_during(&c, &mut leave, 12).await;
+    let mut kept = call(c.node(1), "idle", &key, "get").await;
+    for _ in 0..100 {
+        if kept.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        kept = call(c.node(1), "idle", &key, "get").await;
+    }
+    assert_eq!(kept.unwrap(), "5", "n1 serves the key from its kept state");
+    assert_eq!(call(c.node(1), "idle", &key, "incr").await.unwrap(), "6");
+    let n1 = c.node(1);
+    fief_tests::eventually(
+        Duration::from_secs(15),
+        "the key retires idle on n1",
+        || !fief_tests::is_live(n1, "idle", &key),
+    )
+    .await;
+    // The second attempt carries nothing for the key, and commits.
+    c.hold_campaign(0, false);
+    let report = loop {
+        tokio::select! {
+            left = &mut leave => break left.expect("n1 leaves"),
+            () = tokio::time::sleep(Duration::from_millis(20)) => c.clock.advance(STEP),
+        }
+    };
+    assert!(report.lost_states.is_empty(), "{report:?}");
+    let at_n0 = call(c.node(0), "idle", &key, "get").await.unwrap();
+    assert_ne!(at_n0, "5", "n0 served the failed first attempt's state");
+    assert_eq!(at_n0, "0", "the key's state ended with its idle process");
     c.check();
 }

@@ -24,6 +24,9 @@
 //!   coordinator's round, table adoption in order, draining and unsure
 //!   partitions, graceful moves, fence, rejoin, leave, the routing view) as
 //!   one state machine the node executes and the simulation drives.
+//! - [`handoff`]: the handoff states waiting on a node for their keys' next
+//!   process (which of them the table says are valid, and which a newer move
+//!   attempt superseded), kept by the node and by the simulation alike.
 //! - [`arbiter`]: the embedded arbiter's state (leases on the arbiter's clock,
 //!   terms, table writes), used by the host's local arbiter and the simulation.
 //! - `sim` (tests, or the `sim` feature): the deterministic simulation of a
@@ -35,6 +38,7 @@ pub mod arbiter;
 pub mod assignment;
 pub mod coordinator;
 pub mod fence;
+pub mod handoff;
 pub mod lease;
 pub mod membership;
 pub mod ownership;

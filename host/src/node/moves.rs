@@ -153,7 +153,10 @@ impl NodeShared {
 
     /// Send the states of move `move_id`, and those waiting here for keys
     /// of `partitions` (not activated since they came, or kept after a
-    /// failed move), to `to` in frames under the peer frame limit.
+    /// failed move), to `to` in frames under the peer frame limit, each
+    /// naming the attempt (the move's id) its partitions' states belong to;
+    /// at least one frame, states or none, so the attempt supersedes what
+    /// an earlier one of this ownership left at the target.
     pub(super) fn send_handoff(
         self: &Arc<Self>,
         op: OpId,
@@ -164,16 +167,19 @@ impl NodeShared {
     ) {
         let node = self.clone();
         self.main.spawn(async move {
+            let table = node.table();
             let entries = {
-                let waiting = {
-                    let table = node.table();
-                    lock(&node.handoffs).take_partitions(&partitions, &table, &node.node_id)
-                };
+                let waiting =
+                    lock(&node.handoffs).take_partitions(&partitions, &table, &node.node_id);
                 let mut states = lock(&node.move_states);
                 let entries = states.entry(move_id).or_default();
                 entries.extend(waiting);
                 entries.clone()
             };
+            let attempt = move_id.into();
+            let manifest =
+                crate::handoff::manifest(attempt, &partitions, &table, &node.node_id, &entries);
+            drop(table);
             // A frame holds a state of up to `max_message_size` with its
             // names: however many states, none is too large to send (each is
             // at most the module's max_handoff_size, at most max_message_size).
@@ -181,8 +187,8 @@ impl NodeShared {
                 + crate::transport::FRAME_OVERHEAD / 2;
             let limit = node.config.call_timeout;
             let mut result = Ok(());
-            for batch in crate::handoff::batches(entries, budget) {
-                let request = PeerRequest::Handoff { entries: batch };
+            for (manifest, entries) in crate::handoff::frames(manifest, entries, budget) {
+                let request = PeerRequest::Handoff { entries, manifest };
                 if let Err(e) = node.peers.request(&addr, request, limit).await {
                     tracing::warn!(node = %node.node_id, to = %to, error = %e, "handoff failed; keeping the partitions");
                     result = Err(e.to_string());

@@ -308,9 +308,16 @@ impl NodeShared {
                 self.deliver_local(&module, &key, Envelope::Cast { message })
                     .map(|()| Vec::new())
             }
-            PeerRequest::Handoff { entries } => {
-                let n = lock(&self.handoffs).receive(entries, &self.host_bytes);
-                self.metrics.handoff_states("received", n);
+            PeerRequest::Handoff { entries, manifest } => {
+                let receipt = lock(&self.handoffs).receive(&manifest, entries, &self.host_bytes);
+                self.metrics.handoff_states("received", receipt.kept);
+                if receipt.superseded > 0 {
+                    // Copies an earlier attempt of the sender's left: the
+                    // newer attempt carries what the sender still holds.
+                    tracing::debug!(node = %self.node_id, dropped = receipt.superseded, "handoff states of an earlier attempt were dropped");
+                    self.metrics
+                        .handoff_states("dropped_stale", receipt.superseded);
+                }
                 Ok(Vec::new())
             }
             PeerRequest::Move { moves } => {

@@ -133,10 +133,13 @@ impl Membership {
                 continue;
             };
             // Only what is still this node's (an adoption since the request
-            // may have taken some away).
+            // may have taken some away), and sure to be: an unsure one's
+            // transfer may have committed, and the target used its states
+            // since (moved again, they would be served a second time).
             let partitions: BTreeSet<PartitionId> = partitions
                 .into_iter()
                 .filter(|p| self.table.owner(*p).is_some_and(|a| a.node == self.cfg.me))
+                .filter(|p| !self.unsure.contains_key(p))
                 .collect();
             if partitions.is_empty() {
                 continue;

@@ -233,6 +233,56 @@ fn a_lost_transfer_answer_leaves_its_partitions_unsure_until_a_later_read() {
     );
 }
 
+fn stopped_partitions(effects: &[Effect]) -> Option<BTreeSet<PartitionId>> {
+    effects.iter().find_map(|e| match e {
+        Effect::StopForHandoff { partitions, .. } => Some(partitions.clone()),
+        _ => None,
+    })
+}
+
+/// Move partition 0 of `m` to `b`; its transfer fails (no answer): the
+/// partition is unsure.
+fn lose_transfer_of_0(m: &mut Membership) {
+    let e = m.on_move_request(at(10), vec![(PartitionId(0), NodeId::new("b"))]);
+    let Some(Effect::StopForHandoff { op: stop, .. }) = e.first().cloned() else {
+        panic!("{e:?}")
+    };
+    let Some(Effect::SendHandoff { op: send, .. }) =
+        m.on_keys_stopped(at(11), stop).first().cloned()
+    else {
+        panic!()
+    };
+    let (transfer, _) = op_request(&m.on_peer_done(at(12), send, Ok(()))).unwrap();
+    m.on_op_reply(at(13), transfer, Reply::Failed("no answer".to_owned()));
+    assert!(!local(m, at(14), 0), "unsure");
+    assert_eq!(m.table().owner(PartitionId(0)).unwrap().node.as_str(), "a");
+}
+
+/// Seed 34461's bug: an unsure partition is not moved again. Its transfer
+/// may have committed (the answer was lost) and the target served its keys
+/// from the states since; moved again, the sender's kept copies would be
+/// valid there a second time. The others of the request move.
+#[test]
+fn an_unsure_partition_is_not_moved_until_a_read_settles_it() {
+    let mut m = joined(three(), table());
+    lose_transfer_of_0(&mut m);
+    let again = vec![
+        (PartitionId(0), NodeId::new("b")),
+        (PartitionId(1), NodeId::new("b")),
+    ];
+    let e = m.on_move_request(at(15), again);
+    assert_eq!(
+        stopped_partitions(&e),
+        Some(BTreeSet::from([PartitionId(1)])),
+        "only the sure one moves: {e:?}"
+    );
+    // A request of the unsure one alone starts nothing.
+    let mut m = joined(three(), table());
+    lose_transfer_of_0(&mut m);
+    let e = m.on_move_request(at(15), vec![(PartitionId(0), NodeId::new("b"))]);
+    assert_eq!(stopped_partitions(&e), None, "{e:?}");
+}
+
 #[test]
 fn a_newer_table_is_adopted_only_after_its_gained_partitions_are_reaped() {
     let mut m = joined(three(), table());

@@ -19,6 +19,10 @@
 //!   every table change that takes a partition from a node does so by that
 //!   node's own handoff, or after its lease expired or was released;
 //! - a node hosting a limbo survivor and a fresh process of one key;
+//! - **handoff states**: a key's process starts from the newest state the
+//!   key was handed off with, unless that was legitimately lost (its
+//!   holder crashed or fenced), and never from an older one; a partition
+//!   is never handed on without a state its owner holds for it (`lives`);
 //! - **liveness**: once the faults are over (the last one ended at least
 //!   [`SETTLE`] before the window) and some node can take partitions, every
 //!   key sent a message in the final [`WINDOW`] of the run gets one
@@ -29,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::arbiter::LeaseId;
-use crate::ownership::{NodeId, OwnershipTable};
+use crate::ownership::{NodeId, OwnershipTable, OwnershipToken};
 use crate::partition::PartitionId;
 
 use super::lives::Lives;
@@ -54,6 +58,10 @@ pub enum Rule {
     EarlyMove,
     /// A key started beside a survivor of it in the node's limbo.
     BesideSurvivor,
+    /// A key's process started from another state than its newest
+    /// handed-off one still held (an older one, or none while one was
+    /// held), or a partition was handed on without a state held for it.
+    HandoffState,
     /// After the faults, a key or a partition not served.
     Liveness,
 }
@@ -96,7 +104,7 @@ pub struct Checker {
     /// message id → the node that processed it first.
     processed_by: HashMap<u64, NodeId>,
     window: Option<Window>,
-    /// Key processes.
+    /// Key processes and handoff states.
     lives: Lives,
     /// Violations found so far.
     pub violations: Vec<Violation>,
@@ -124,6 +132,10 @@ pub struct Stats {
     /// Forwarded messages routed once more after their receiver said it
     /// was not the owner and a table refresh found a newer table.
     pub retries: u64,
+    /// Keys stopped for a handoff with a state.
+    pub states: u64,
+    /// Processes started from a handed-off state.
+    pub claimed: u64,
     /// Messages that arrived while their key's idle process retired, and
     /// waited for its end.
     pub waited: u64,
@@ -140,6 +152,8 @@ impl Stats {
         self.leases += other.leases;
         self.retries += other.retries;
         self.windows += other.windows;
+        self.states += other.states;
+        self.claimed += other.claimed;
         self.waited += other.waited;
     }
 }
@@ -252,6 +266,8 @@ impl Checker {
                 );
             }
         }
+        let breaches = self.lives.table_changed(new, how == TableWrite::Transfer);
+        self.fail_all(at_us, breaches);
     }
 
     /// `node` processed message `msg` for `key` at `at_us` under `lease`;
@@ -301,9 +317,10 @@ impl Checker {
         }
     }
 
-    /// Process `life` of `key` started on `node` at `at_us`. `others`
-    /// lists the other nodes holding a live `terminate` process of the key
-    /// that can still act.
+    /// Process `life` of `key` started on `node` at `at_us`, from the
+    /// handed-off state `from` (`None`: fresh). `others` lists the other
+    /// nodes holding a live `terminate` process of the key that can still
+    /// act.
     pub fn life_started(
         &mut self,
         at_us: u64,
@@ -311,8 +328,12 @@ impl Checker {
         key: &str,
         life: u64,
         others: &[NodeId],
+        from: Option<u64>,
     ) {
         self.stats.lives += 1;
+        if from.is_some() {
+            self.stats.claimed += 1;
+        }
         if !others.is_empty() {
             self.fail(
                 at_us,
@@ -329,6 +350,9 @@ impl Checker {
         }
         let breaches = self.lives.started(node, key, life);
         self.fail_all(at_us, breaches);
+        if let Some((rule, what)) = self.lives.claimed(node, key, from) {
+            self.fail(at_us, rule, what);
+        }
     }
 
     /// Process `life` ended: killed, stopped, its idle retirement over, or
@@ -342,9 +366,31 @@ impl Checker {
         self.lives.survived(life);
     }
 
-    /// `node` crashed: its processes are gone.
+    /// `node` crashed: its processes and handoff states are gone.
     pub fn crashed(&mut self, node: &NodeId) {
         self.lives.crashed(node);
+    }
+
+    /// `node` fenced: it drops every handoff state it holds.
+    pub fn fenced(&mut self, node: &NodeId) {
+        self.stats.fences += 1;
+        self.lives.fenced(node);
+    }
+
+    /// `node` stopped `key` of `partition` for a handoff, with `state`.
+    pub fn handed_off(&mut self, node: &NodeId, key: &str, partition: PartitionId, state: u64) {
+        self.stats.states += 1;
+        self.lives.handed_off(node, key, partition, state);
+    }
+
+    /// `node` received a handoff's states: (key, the token it was sent
+    /// under, state).
+    pub fn received<'a>(
+        &mut self,
+        node: &NodeId,
+        states: impl IntoIterator<Item = (&'a str, OwnershipToken, u64)>,
+    ) {
+        self.lives.received(node, states);
     }
 
     /// A node resumed from a pause at `at_us` holding live `terminate`

@@ -22,20 +22,24 @@
 //!   arbiter), the clocks, the load, and the arbiter's side of every request
 //!   (recorded for the checker); `faults`: the seeded faults, then the calm;
 //! - `node`: the executor of each node's [`Effect`](crate::Effect)s — the key
-//!   processes' lives (start at the first routed message, end at a kill,
-//!   fence, handoff stop or idle retirement — whose `terminate(idle)` takes a
-//!   while, messages arriving meanwhile waiting for its end;
-//!   `continue`/`callback` survivors in limbo until reaped), the stops and
-//!   reaps (answered after a small random delay), and the forwarding of
-//!   messages to their owner.
+//!   processes' lives (start at the first routed message, from the handoff
+//!   state waiting for the key if any; end at a kill, fence, handoff stop or
+//!   idle retirement — whose `terminate(idle)` takes a while, messages
+//!   arriving meanwhile waiting for its end; `continue`/`callback` survivors
+//!   in limbo until reaped), the stops and reaps (answered after a small
+//!   random delay), and the forwarding of messages to their owner;
+//!   `handoff`: the handoff states, each a number, from a key's stop to its
+//!   next process, as the node keeps and sends them.
 //!
 //! Every step is recorded in a trace; the [`checker`] judges the history on
-//! the global clock (with `lives`, its record of key processes). [`run`] returns a [`Report`]; [`Report::render`]
+//! the global clock (with `lives`, its record of key processes and of the
+//! handoff states between them). [`run`] returns a [`Report`]; [`Report::render`]
 //! prints the seed, the cluster, the violations and the last events.
 //! `FIEF_SEED=<n>` reproduces one seed exactly (see `docs/testing.md`).
 
 pub mod checker;
 mod faults;
+mod handoff;
 mod lives;
 mod node;
 #[cfg(test)]
@@ -68,6 +72,14 @@ pub enum Mutation {
     /// A table is adopted without reaping the survivors of what it gains
     /// (a `Membership` rule).
     AdoptWithoutReap,
+    /// A handoff drops the states waiting on its node for keys of its
+    /// partitions instead of sending them on (the executor's side: a state
+    /// not yet claimed must travel on with the next move).
+    HandoffDropsWaiting,
+    /// A move's sender lets go of the states it sends at once, not when
+    /// the move ends: a handoff lost on the way (the move fails and keeps
+    /// its partitions) loses them.
+    ReleaseBeforeAck,
     /// An idle key's table entry is removed before its `terminate(idle)`
     /// runs, not after it ended (the old bug): a message arriving meanwhile
     /// starts a second process of the key beside the retiring one.

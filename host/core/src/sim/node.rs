@@ -1,11 +1,14 @@
 //! One simulated node: its [`Membership`] (the real ownership protocol,
 //! unchanged) and the executor that carries out its effects as the node's
 //! I/O would — arbiter requests over the node's ordered link, peer messages
-//! and handoffs over the lossy network, the key processes' lives (started at
-//! a routed message; stopped for a handoff, reaped from limbo, killed when
-//! the table takes their partition, killed or sent to limbo by a fence,
-//! retired when idle), and each message routed by `Membership::route` and
-//! forwarded to the owner it names.
+//! over the lossy network, the key processes' lives (each with its state: a
+//! number each message processed replaces; started at a routed message from
+//! the handoff state waiting for it, if any; stopped for a handoff, reaped
+//! from limbo, killed when the table takes their partition, killed or sent
+//! to limbo by a fence, retired when idle), and each message routed by
+//! `Membership::route` and forwarded to the owner it names. The handoffs
+//! themselves (their states' way from a stop to the next process) are
+//! `handoff`'s.
 //!
 //! An idle process retires as the node's key table retires one: its
 //! `terminate(idle)` runs 0.1–50 ms, its entry stays (retiring) until it
@@ -21,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::Mutation;
+use super::handoff::States;
 use super::timing;
 use super::world::{Call, Ev, NodeClock, World, node_name};
 use crate::coordinator::lost;
@@ -37,7 +41,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The longest an executor takes to stop keys for a handoff or to reap
 /// survivors, µs.
-const EXECUTOR_DELAY_US: u64 = 5_000;
+pub(super) const EXECUTOR_DELAY_US: u64 = 5_000;
 
 /// How long an idle process's `terminate(idle)` runs, µs.
 const RETIRE_US: std::ops::Range<u64> = 100..50_000;
@@ -57,6 +61,9 @@ pub(super) struct Life {
     /// Names the process (unique in the run).
     pub(super) id: u64,
     pub(super) mode: Mode,
+    /// Its state: the number its last message wrote, or the handoff state
+    /// it started from (`None`: fresh, nothing processed yet).
+    pub(super) state: Option<u64>,
     /// Retiring: when its `terminate(idle)` ends (global µs), and the
     /// messages that arrived meanwhile, waiting for its next process.
     pub(super) retiring: Option<(u64, Vec<u64>)>,
@@ -74,6 +81,8 @@ pub(super) struct SimNode {
     pub(super) keys: BTreeMap<String, Life>,
     /// Survivors of a fence, until reaped: their processes, by key.
     pub(super) limbo: BTreeMap<String, u64>,
+    /// Handoff states: collected by moves, and waiting for their keys.
+    pub(super) states: States,
     /// Forwarded messages their receiver did not serve, waiting for the
     /// table refresh they asked for: (message, key, the epoch routed on).
     retries: BTreeMap<OpId, (u64, String, u64)>,
@@ -121,6 +130,7 @@ impl SimNode {
             membership,
             keys: BTreeMap::new(),
             limbo: BTreeMap::new(),
+            states: States::default(),
             retries: BTreeMap::new(),
             wake_gen: 0,
             ticks_held_until: 0,
@@ -242,25 +252,15 @@ impl World {
                 from_inc,
                 to,
                 op,
-            } => {
-                // The target keeps the states for the keys' next activation
-                // (not modelled: state is not what the checker judges).
-                self.send(
-                    to,
-                    from,
-                    Ev::HandoffAck {
-                        node: from,
-                        inc: from_inc,
-                        op,
-                    },
-                );
-            }
+                manifest,
+                entries,
+            } => self.receive_handoff(from, from_inc, to, op, &manifest, &entries),
             Ev::HandoffAck { node, op, .. } => {
                 self.input(node, |m, now| m.on_peer_done(now, op, Ok(())));
             }
-            Ev::KeysStopped { node, op, .. } => {
-                self.input(node, |m, now| m.on_keys_stopped(now, op));
-            }
+            Ev::KeysStopped {
+                node, op, entries, ..
+            } => self.keys_stopped(node, op, entries),
             Ev::Reaped { node, op, .. } => self.input(node, |m, now| m.on_reaped(now, op)),
             Ev::Leave { node } => {
                 let n = &self.nodes[node];
@@ -296,50 +296,15 @@ impl World {
                     self.send(i, to, Ev::Peer { to, message });
                 }
             }
-            Effect::StopForHandoff { op, partitions } => {
-                // A retiring key is waited for: its stop is answered once it
-                // retired (`ModuleSlot::retired`).
-                let p = self.partitions;
-                let node = &mut self.nodes[i];
-                let mut answer_at = self.now + 1;
-                let mut stopped = Vec::new();
-                for key in keys_in(&node.keys, p, &partitions) {
-                    if let Some((until, _)) = node.keys[&key].retiring {
-                        answer_at = answer_at.max(until + 1);
-                        continue;
-                    }
-                    let life = node.keys.remove(&key).expect("listed above");
-                    self.checker.life_ended(life.id);
-                    stopped.push(key);
-                }
-                self.log(|| format!("{name}: stopping {partitions:?} for handoff: {stopped:?}"));
-                let at = answer_at.max(self.now + self.rng.u64(0..=EXECUTOR_DELAY_US));
-                self.at(at, Ev::KeysStopped { node: i, inc, op });
-            }
+            Effect::StopForHandoff { op, partitions } => self.stop_for_handoff(i, op, &partitions),
             Effect::SendHandoff {
                 op,
+                move_id,
                 to,
                 addr,
                 partitions,
-                ..
-            } => {
-                self.log(|| format!("{name}: handing {partitions:?} to {to}"));
-                if let Some(t) = self.by_addr(&addr) {
-                    self.send(
-                        i,
-                        t,
-                        Ev::Handoff {
-                            from: i,
-                            from_inc: inc,
-                            to: t,
-                            op,
-                        },
-                    );
-                }
-            }
-            Effect::MoveEnded { move_id, outcome } => {
-                self.log(|| format!("{name}: move {} ended: {outcome:?}", move_id.0));
-            }
+            } => self.send_handoff(i, op, move_id, &to, &addr, &partitions),
+            Effect::MoveEnded { move_id, outcome } => self.move_ended(i, move_id, outcome),
             Effect::Reap { op, partitions } => {
                 let p = self.partitions;
                 let node = &mut self.nodes[i];
@@ -375,7 +340,10 @@ impl World {
                     self.checker.life_ended(life.id);
                 }
                 let epoch = table.epoch();
-                self.log(|| format!("{name}: adopted table epoch {epoch}, killed {killed:?}"));
+                let stale = node.states.sweep(table, &node.id);
+                self.log(|| {
+                    format!("{name}: adopted table epoch {epoch}, killed {killed:?}, stale states dropped {stale:?}")
+                });
             }
             Effect::MembersChanged => {
                 let members: Vec<String> = self.nodes[i]
@@ -434,7 +402,8 @@ impl World {
 
     /// `NodeShared::fence`: terminate keys die, survivors go to limbo (a
     /// retiring one ends: its `terminate(idle)` is under way, and the
-    /// messages waiting for it are dropped).
+    /// messages waiting for it are dropped), the waiting handoff states are
+    /// dropped.
     fn fence(&mut self, i: usize, cause: &str) {
         let node = &mut self.nodes[i];
         for (key, life) in std::mem::take(&mut node.keys) {
@@ -446,8 +415,14 @@ impl World {
                 self.checker.life_ended(life.id);
             }
         }
-        self.checker.stats.fences += 1;
-        self.log(|| format!("{}: FENCED ({cause})", node_name(i)));
+        let dropped = node.states.clear();
+        self.checker.fenced(&node.id);
+        self.log(|| {
+            format!(
+                "{}: FENCED ({cause}), {dropped} waiting states dropped",
+                node_name(i)
+            )
+        });
     }
 
     /// Whether node `i` can act now: up, not paused, lease current on its
@@ -490,15 +465,16 @@ impl World {
             .is_some_and(|l| l.mode == Mode::Terminate)
     }
 
-    /// A fresh id, for a process.
+    /// A fresh id, for a process or a state.
     fn fresh_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
     }
 
     /// Node `i` serves message `msg`: start the key's process if it has
-    /// none, then process. If the key's process is retiring, the message
-    /// waits for its end.
+    /// none (from the handoff state waiting for it, if any belongs to this
+    /// ownership), then process, which gives the key a new state. If the
+    /// key's process is retiring, the message waits for its end.
     fn process(&mut self, i: usize, msg: u64, key: &str) {
         let name = node_name(i);
         if let Some((_, waiting)) = self.nodes[i]
@@ -518,9 +494,14 @@ impl World {
                     others.push(self.nodes[j].id.clone());
                 }
             }
-            let id = self.nodes[i].id.clone();
+            let node = &mut self.nodes[i];
+            let (from, stale) =
+                node.states
+                    .take_for_activation(key, node.membership.table(), &node.id);
+            let id = node.id.clone();
             let life = self.fresh_id();
-            self.checker.life_started(self.now, &id, key, life, &others);
+            self.checker
+                .life_started(self.now, &id, key, life, &others, from);
             let mode = self
                 .keys
                 .iter()
@@ -529,10 +510,11 @@ impl World {
             let l = Life {
                 id: life,
                 mode,
+                state: from,
                 retiring: None,
             };
             self.nodes[i].keys.insert(key.to_owned(), l);
-            self.log(|| format!("{id}: {key} started (process {life})"));
+            self.log(|| format!("{id}: {key} started (process {life}) from {from:?}, stale state dropped {stale}"));
             if self.rng.u32(0..100) < 20 {
                 let inc = self.nodes[i].incarnation;
                 let idle = self.rng.u64(10_000..3_000_000);
@@ -548,12 +530,16 @@ impl World {
                 );
             }
         }
+        let state = self.fresh_id();
+        if let Some(l) = self.nodes[i].keys.get_mut(key) {
+            l.state = Some(state);
+        }
         let current = self.can_act(i);
         let lease = self.nodes[i].membership.lease_id();
         let id = self.nodes[i].id.clone();
         self.checker
             .processed(self.now, &id, lease, current, msg, key);
-        self.log(|| format!("{id}: processed message {msg} for {key}"));
+        self.log(|| format!("{id}: processed message {msg} for {key}: state {state}"));
     }
 
     /// Process `life` of `key` on node `i` was idle: it retires. Its

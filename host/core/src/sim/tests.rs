@@ -98,6 +98,8 @@ fn seeds_find_no_violation() {
     assert!(stats.handoffs > count, "{stats:?}");
     assert!(stats.retries > count, "{stats:?}");
     assert!(stats.windows > count * 9 / 10, "{stats:?}");
+    assert!(stats.states > count, "{stats:?}");
+    assert!(stats.claimed > count, "{stats:?}");
     assert!(stats.waited > count, "{stats:?}");
 }
 
@@ -117,9 +119,11 @@ fn one_seed() {
             "reap-hangs" => Mutation::ReapHangs,
             "drain-released-at-transfer" => Mutation::DrainReleasedAtTransfer,
             "adopt-without-reap" => Mutation::AdoptWithoutReap,
+            "handoff-drops-waiting" => Mutation::HandoffDropsWaiting,
+            "release-before-ack" => Mutation::ReleaseBeforeAck,
             "idle-entry-removed-early" => Mutation::IdleEntryRemovedEarly,
             other => panic!(
-                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry, reap-hangs, drain-released-at-transfer, adopt-without-reap or idle-entry-removed-early"
+                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry, reap-hangs, drain-released-at-transfer, adopt-without-reap, handoff-drops-waiting, release-before-ack or idle-entry-removed-early"
             ),
         });
     }
@@ -215,6 +219,24 @@ fn mutation_drain_released_at_transfer_is_caught() {
 #[test]
 fn mutation_adopt_without_reap_is_caught() {
     assert_caught(Mutation::AdoptWithoutReap, &[Rule::BesideSurvivor]);
+}
+
+/// Mutation check: a handoff that drops the states waiting on its node
+/// for keys of its partitions, instead of sending them on, is caught (a
+/// partition handed on without a state its owner held for it, or a key
+/// started fresh while its state was held).
+#[test]
+fn mutation_handoff_drops_waiting_is_caught() {
+    assert_caught(Mutation::HandoffDropsWaiting, &[Rule::HandoffState]);
+}
+
+/// Mutation check: a sender that lets go of a move's states once it sent
+/// them, before the target acked, is caught when the handoff is lost: the
+/// move keeps its partitions, and a key's next process there starts fresh
+/// while its state was held.
+#[test]
+fn mutation_release_before_ack_is_caught() {
+    assert_caught(Mutation::ReleaseBeforeAck, &[Rule::HandoffState]);
 }
 
 /// Mutation check: an idle key's entry removed before its

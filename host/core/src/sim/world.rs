@@ -18,10 +18,12 @@ use std::time::Duration;
 
 use super::checker::{Checker, SETTLE, TableWrite, WINDOW};
 use super::faults::Heal;
+use super::handoff::Entry;
 use super::node::{Mode, SimNode};
 use super::{Config, Mutation, Report, show_us, timing};
 use crate::arbiter::{ArbiterState, LeaseId, Refusal};
 use crate::coordinator::{Reply, Request, RequestId};
+use crate::handoff::Row;
 use crate::membership::{OpId, PeerMessage};
 use crate::ownership::NodeId;
 use crate::partition::PartitionCount;
@@ -117,12 +119,15 @@ pub(super) enum Ev {
         to: usize,
         message: PeerMessage,
     },
-    /// A move's handoff states, to the target.
+    /// A move's handoff states, to the target, with the rows naming the
+    /// move's attempt.
     Handoff {
         from: usize,
         from_inc: u64,
         to: usize,
         op: OpId,
+        manifest: Vec<Row>,
+        entries: Vec<Entry>,
     },
     /// The target took the states.
     HandoffAck {
@@ -130,11 +135,12 @@ pub(super) enum Ev {
         inc: u64,
         op: OpId,
     },
-    /// The executor stopped the keys of a handoff.
+    /// The executor stopped the keys of a handoff, with their states.
     KeysStopped {
         node: usize,
         inc: u64,
         op: OpId,
+        entries: Vec<Entry>,
     },
     /// The executor reaped the survivors of a reap.
     Reaped {
@@ -264,7 +270,7 @@ pub(super) struct World {
     pub(super) checker: Checker,
     trace: VecDeque<String>,
     next_msg: u64,
-    /// The last id given to a key process.
+    /// The last id given to a key process or a state.
     pub(super) next_id: u64,
     events: u64,
     /// The node that registers without a peer address in its first
