@@ -47,6 +47,7 @@ mod pubsub;
 mod runtime;
 pub mod sandbox;
 mod scheduler;
+pub mod storage;
 pub mod tls;
 mod transport;
 

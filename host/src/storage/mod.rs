@@ -1,0 +1,188 @@
+//! Durable per-key state: the backends that keep it and the contract they
+//! keep, fenced by the ownership token.
+//!
+//! A key process's stored state is a sorted map of names to values, scoped
+//! to its module (whose stored name carries its tenant) and its key. The
+//! node reaches a backend only through [`Backend::round`]: one transaction
+//! that applies a batch of commits and then serves a batch of loads
+//! (group commit). Every commit and load names its partition and the
+//! ownership token its process was started under, and the backend holds one
+//! *fence token* per partition:
+//!
+//! - a **load** raises the partition's fence token to its own token (or
+//!   refuses, [`Outcome::Stale`], when the stored token is already higher),
+//!   then reads the key's state: once a new owner has loaded a key, no
+//!   commit of an older owner can land;
+//! - a **commit** lands only if the partition's fence token still equals
+//!   its own token; otherwise it is refused as [`Outcome::Stale`] and none
+//!   of its writes is applied.
+//!
+//! Inside one round, commits are applied before loads are read, so a load
+//! sees every commit that was in the same round or earlier. A round is
+//! atomic: it lands whole (each commit landing or refused as stale) or not
+//! at all ([`BackendError`]).
+//!
+//! This module owns the contract and its types. It must not know about key
+//! processes, the output gate or routing (`crate::storage::gate` and the
+//! key layer do), and a backend must not decide anything but the fence
+//! check written above.
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A future a backend returns (the trait is used as `Arc<dyn Backend>`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Whose state: one key of one module (the module's stored name, which
+/// carries its tenant: `acme/counter`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyScope {
+    /// The module's stored name.
+    pub module: String,
+    /// The key.
+    pub key: String,
+}
+
+impl KeyScope {
+    /// The tenant owning this state (`""` for a module of no tenant); quota
+    /// is counted per tenant.
+    pub fn tenant(&self) -> &str {
+        crate::auth::tenant_of(&self.module).unwrap_or("")
+    }
+}
+
+/// Where a process stands: its key's partition and the ownership token its
+/// process was started under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The key's partition.
+    pub partition: u32,
+    /// The partition's ownership token on the node that runs the process.
+    pub token: u64,
+}
+
+/// One write of a commit, applied in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Set `name` to `value`.
+    Put {
+        /// The entry's name.
+        name: String,
+        /// Its new value.
+        value: Vec<u8>,
+    },
+    /// Remove `name` (no-op if absent).
+    Delete {
+        /// The entry's name.
+        name: String,
+    },
+    /// Remove every entry whose name is `>= start` and, with an `end`,
+    /// `< end` (byte order).
+    DeleteRange {
+        /// The first name removed.
+        start: String,
+        /// The first name kept, if any.
+        end: Option<String>,
+    },
+}
+
+/// The writes of one callback of one key process, to land atomically.
+#[derive(Clone, Debug)]
+pub struct Commit {
+    /// Whose state.
+    pub scope: KeyScope,
+    /// The process's partition and token: checked against the partition's
+    /// fence token in the round's transaction.
+    pub fence: Fence,
+    /// The writes, in the order the guest made them.
+    pub writes: Vec<Write>,
+    /// How many bytes (names plus values) the key's state grows by when the
+    /// commit lands (negative: shrinks), as the process computed it from its
+    /// own copy; added to the tenant's usage.
+    pub bytes_delta: i64,
+}
+
+/// A request to read one key's whole state, raising its partition's fence
+/// token first.
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// Whose state.
+    pub scope: KeyScope,
+    /// The loading process's partition and token.
+    pub fence: Fence,
+}
+
+/// What one round asks: commits first, then loads.
+#[derive(Clone, Debug, Default)]
+pub struct Round {
+    /// Applied first, each checked against its partition's fence token.
+    pub commits: Vec<Commit>,
+    /// Read after the commits, each raising its partition's fence token.
+    pub loads: Vec<Load>,
+}
+
+/// A key's state as loaded: entries sorted by name, and its tenant's usage.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Every entry of the key, sorted by name (byte order).
+    pub entries: Vec<(String, Vec<u8>)>,
+    /// The bytes stored for the key's tenant (every key of every module of
+    /// the tenant), after this round's commits.
+    pub tenant_bytes: u64,
+}
+
+/// What became of one commit or one load of a round that landed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// Applied (a commit) or read (a load).
+    Done(T),
+    /// The partition's fence token is `current`, which is not this
+    /// process's token: a newer owner has loaded the partition (or, for a
+    /// commit, this process never loaded under its token). Nothing was
+    /// written.
+    Stale {
+        /// The partition's fence token in the store.
+        current: u64,
+    },
+}
+
+/// What a round that landed answers: one outcome per commit and per load,
+/// in the order asked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundResult {
+    /// One per commit; `Done` carries the tenant's stored bytes after it.
+    pub commits: Vec<Outcome<u64>>,
+    /// One per load.
+    pub loads: Vec<Outcome<Loaded>>,
+}
+
+/// Why a round did not land: none of it was applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The store cannot be reached or failed (disk full, connection lost,
+    /// server error); retrying later may work.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A store of durable key state. Implementations: the embedded one
+/// (`redb`, a file in the node's data directory, or memory) and PostgreSQL.
+pub trait Backend: Send + Sync + 'static {
+    /// A line for `fief status`: the kind and where (`embedded
+    /// /var/lib/fief/state.redb`, `postgres 127.0.0.1:5432/fief`), no secret.
+    fn describe(&self) -> String;
+
+    /// Apply `round` in one transaction, as the module header says.
+    fn round(&self, round: Round) -> BoxFuture<'_, Result<RoundResult, BackendError>>;
+
+    /// Read up to `limit` entries of a key whose names start with `prefix`,
+    /// sorted, for operators (`fief state`, `GET /v1/state`): no fence token
+    /// is raised, so it sees what has been committed, not a live owner's
+    /// uncommitted writes.
+    fn read(
+        &self,
+        scope: KeyScope,
+        prefix: String,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<(String, Vec<u8>)>, BackendError>>;
+}
