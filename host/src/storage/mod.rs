@@ -33,6 +33,9 @@ use std::pin::Pin;
 /// A future a backend returns (the trait is used as `Arc<dyn Backend>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Entries of one key, `(name, value)`, sorted by name.
+pub type Entries = Vec<(String, Vec<u8>)>;
+
 /// Whose state: one key of one module (the module's stored name, which
 /// carries its tenant: `acme/counter`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -184,5 +187,5 @@ pub trait Backend: Send + Sync + 'static {
         scope: KeyScope,
         prefix: String,
         limit: u32,
-    ) -> BoxFuture<'_, Result<Vec<(String, Vec<u8>)>, BackendError>>;
+    ) -> BoxFuture<'_, Result<Entries, BackendError>>;
 }
