@@ -534,6 +534,18 @@ async fn a_failed_attempts_state_is_not_served_after_a_later_attempt_commits() {
     c.stabilize().await;
     assert!(c.node(0).status().leader_term.is_some(), "n0 leads");
     let key = c.key_owned_by(1).await;
+    // n1 learns of the module deployed on n0 on a later round: until then
+    // a call of it there is `unknown_module`.
+    let mut known = call(c.node(1), "idle", &key, "get").await;
+    for _ in 0..100 {
+        if !matches!(known, Err(Error::UnknownModule(_))) {
+            break;
+        }
+        c.advance(STEP).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        known = call(c.node(1), "idle", &key, "get").await;
+    }
+    assert_eq!(known.unwrap(), "0", "n1 serves the module deployed on n0");
     for i in 1..=5 {
         assert_eq!(
             call(c.node(1), "idle", &key, "incr").await.unwrap(),
