@@ -7,7 +7,17 @@ include!("guest_build.rs");
 
 /// Rust guest packages the tests need.
 const GUESTS: &[&str] = &[
-    "counter", "room", "probe", "spin", "bomb", "quiet", "hostile", "keeper",
+    "counter",
+    "stored-counter",
+    "room",
+    "probe",
+    "spin",
+    "bomb",
+    "quiet",
+    "hostile",
+    "keeper",
+    "legacy",
+    "vault",
 ];
 
 /// Python and JavaScript guests the tests need: source directories (with an

@@ -9,7 +9,8 @@
 //! - implement [`Key`] for your state type;
 //! - export it once with [`export_key!`];
 //! - reach the node through [`host`] (timers, pub/sub, calls to other keys,
-//!   logging), and encode typed messages with [`codec`].
+//!   logging), keep durable state with [`storage`], and encode typed
+//!   messages with [`codec`].
 //!
 //! The crate owns the guest side of the contract only: it never decides
 //! anything about ownership or fencing; it forwards. It upholds one rule of the
@@ -93,6 +94,7 @@ pub mod cache;
 pub mod codec;
 pub mod host;
 mod key;
+pub mod storage;
 
 pub use codec::{Binary, Codec, CodecError, Json};
 pub use host::TimerId;
@@ -100,6 +102,7 @@ pub use key::Key;
 /// Serde, re-exported so that key modules can derive messages without their
 /// own dependency: use `#[serde(crate = "fief_guest::serde")]` on the type.
 pub use serde;
+pub use storage::StorageError;
 
 pub use __private::bindings::fief::key::types::{
     CacheEntry, CacheError, CallError, EffectError, FenceDecision, Info, LogLevel, Publication,

@@ -21,6 +21,11 @@ wasmtime::component::bindgen!({
         "fief:key/host.cache-get": async | trappable,
         "fief:key/host.cache-put": async | trappable,
         "fief:key/host.cache-delete": async | trappable,
+        "fief:key/storage.get": async | trappable,
+        "fief:key/storage.put": async | trappable,
+        "fief:key/storage.delete": async | trappable,
+        "fief:key/storage.list": async | trappable,
+        "fief:key/storage.delete-range": async | trappable,
         default: trappable,
     },
     exports: {
@@ -30,4 +35,5 @@ wasmtime::component::bindgen!({
 
 pub use self::exports::fief::key::lifecycle;
 pub use self::fief::key::host;
+pub use self::fief::key::storage;
 pub use self::fief::key::types;

@@ -296,6 +296,12 @@ pub enum Error {
         "the arbiter could not be reached or refused: {0}; the node's lease and partitions are as they were, retry when the arbiter is reachable"
     )]
     ArbiterUnavailable(String),
+    /// A key's durable state could not be loaded or its commit did not
+    /// succeed (the store is unreachable or failed, or the process's
+    /// ownership ended): no reply was sent for writes that may not have
+    /// landed.
+    #[error("{0}; retry: the key's next process loads what was committed")]
+    StorageUnavailable(String),
     /// Something that should not happen; a bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -344,6 +350,7 @@ impl Error {
             Error::UnknownModuleVersion { .. } => "unknown_module_version",
             Error::ModuleStore(_) => "module_store_unavailable",
             Error::ArbiterUnavailable(_) => "arbiter_unavailable",
+            Error::StorageUnavailable(_) => "storage_unavailable",
             Error::Internal(_) => "internal",
         }
     }
@@ -384,7 +391,8 @@ impl Error {
             | Error::TooManyConnections { .. }
             | Error::NotOwner { .. }
             | Error::ModuleStore(_)
-            | Error::ArbiterUnavailable(_) => 503,
+            | Error::ArbiterUnavailable(_)
+            | Error::StorageUnavailable(_) => 503,
             Error::Remote { status, .. } => *status,
             Error::Timeout(_) => 504,
             Error::Unauthorized(_) => 401,

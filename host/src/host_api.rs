@@ -26,7 +26,7 @@ use crate::bindings::types::{self, CacheError, CallError, EffectError, LogLevel}
 use crate::cache::{CacheOp, CacheOutcome, Expect, unexpected_outcome};
 use crate::error::Error;
 use crate::host_bytes::SUBSCRIPTION_OVERHEAD;
-use crate::key::{KeyCtx, arm_timer};
+use crate::key::{KeyCtx, Output, arm_timer, reserve_timer};
 use crate::pubsub::MAX_TOPIC_BYTES;
 
 impl types::Host for KeyCtx {}
@@ -83,7 +83,8 @@ impl Host for KeyCtx {
                     timer.abort();
                     true
                 }
-                None => false,
+                // Held by the output gate, not armed yet.
+                None => ctx.storage.cancel_timer(id),
             })
         })
     }
@@ -116,6 +117,8 @@ impl Host for KeyCtx {
         let start = Instant::now();
         let lifted = module.len() + key.len() + message.len();
         let node = self.gate()?;
+        // The callee may act on this call: the writes before it land first.
+        self.flush_storage().await?;
         let module = match guest_module(&self.env.module, &module) {
             Ok(module) => module,
             Err(e) => {
@@ -194,6 +197,7 @@ impl Host for KeyCtx {
         let start = Instant::now();
         let lifted = namespace.len() + key.len() + value.len();
         let node = self.gate()?;
+        self.flush_storage().await?;
         if let Err(e) = node.check_message(&value) {
             self.charge_host(start.elapsed(), lifted)?;
             return Ok(Err(cache_error(e)));
@@ -236,6 +240,7 @@ impl Host for KeyCtx {
         let start = Instant::now();
         let lifted = namespace.len() + key.len();
         let node = self.gate()?;
+        self.flush_storage().await?;
         let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
             Ok(namespace) => namespace,
             Err(e) => {
@@ -297,8 +302,24 @@ impl KeyCtx {
                 "a timer tag is at most {limit} bytes (max_message_size)"
             ))));
         }
-        Ok(arm_timer(self, Duration::from_millis(delay_ms), tag)
-            .map_err(|refusal| EffectError::Limit(refusal.to_string())))
+        let delay = Duration::from_millis(delay_ms);
+        if self.storage.holding() {
+            // Armed once the callback's writes are committed.
+            return Ok(reserve_timer(self, &tag)
+                .map(|(id, held)| {
+                    let timer = Output::Timer {
+                        id,
+                        delay,
+                        tag,
+                        held,
+                    };
+                    // The tag is charged in `held`.
+                    self.storage.hold(timer, 0).map(|()| id)
+                })
+                .and_then(|held| held)
+                .map_err(|refusal| EffectError::Limit(refusal.to_string())));
+        }
+        Ok(arm_timer(self, delay, tag).map_err(|refusal| EffectError::Limit(refusal.to_string())))
     }
 
     fn subscribe_now(&mut self, topic: String) -> wasmtime::Result<Result<(), EffectError>> {
@@ -368,6 +389,21 @@ impl KeyCtx {
         if let Err(why) = self.publishes.take(node.clock.now()) {
             return Ok(Err(EffectError::Limit(why)));
         }
+        if self.storage.holding() {
+            // Delivered once the callback's writes are committed, to the
+            // subscribers there are then; it answers how many there are now.
+            let subscribers = node.pubsub.subscribers(&topic);
+            let bytes = topic.len() + payload.len();
+            let publication = Output::Publish {
+                topic,
+                payload: payload.to_vec(),
+            };
+            return Ok(self
+                .storage
+                .hold(publication, bytes)
+                .map(|()| subscribers)
+                .map_err(|refusal| EffectError::Limit(refusal.to_string())));
+        }
         Ok(Ok(node.pubsub.publish(&topic, payload)))
     }
 
@@ -379,6 +415,9 @@ impl KeyCtx {
     ) -> wasmtime::Result<Result<(), EffectError>> {
         let node = self.gate()?;
         let module = guest_module(&self.env.module, module);
+        if self.storage.holding() {
+            return Ok(self.hold_cast(&node, module, key, message));
+        }
         Ok(module
             .and_then(|module| node.cast(&module, key, message))
             .map_err(|e| match e {
@@ -388,6 +427,34 @@ impl KeyCtx {
                 }
                 other => EffectError::Invalid(other.to_string()),
             }))
+    }
+}
+
+impl KeyCtx {
+    /// A cast after an uncommitted write: checked now (the module, the
+    /// size), sent once the writes are committed.
+    fn hold_cast(
+        &mut self,
+        node: &crate::node::NodeShared,
+        module: Result<String, Error>,
+        key: &str,
+        message: Vec<u8>,
+    ) -> Result<(), EffectError> {
+        let module = module.map_err(|e| EffectError::Invalid(e.to_string()))?;
+        if node.module(&module).is_err() {
+            return Err(EffectError::UnknownModule(module));
+        }
+        node.check_message(&message)
+            .map_err(|e| EffectError::Invalid(e.to_string()))?;
+        let bytes = module.len() + key.len() + message.len();
+        let cast = Output::Cast {
+            module,
+            key: key.to_owned(),
+            message,
+        };
+        self.storage
+            .hold(cast, bytes)
+            .map_err(|refusal| EffectError::Limit(refusal.to_string()))
     }
 }
 

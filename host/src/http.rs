@@ -9,6 +9,7 @@
 //! | `POST /v1/keys/{module}/{key}/cast` | raw message in, `202` |
 //! | `DELETE /v1/keys/{module}/{key}` | kill a key's process |
 //! | `GET /v1/keys` | live keys |
+//! | `GET /v1/state/{module}/{key}?prefix=P&limit=N` | a key's committed durable state, read-only: `{"entries": [{"name", "value": {"utf8"|"hex": …}}]}` ([`StoredEntry`](crate::storage::StoredEntry)) |
 //! | `GET /v1/status` | the node's [`Status`](crate::Status) |
 //! | `POST /v1/leave` | leave the cluster gracefully, then stop |
 //! | `GET /v1/limbo` | the survivors in limbo ([`LimboEntry`](crate::LimboEntry)) |
@@ -38,7 +39,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::PathRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -93,6 +94,7 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         .route("/v1/keys/{module}/{key}/cast", post(cast))
         .route("/v1/keys/{module}/{key}", axum::routing::delete(kill))
         .route("/v1/keys", get(keys))
+        .route("/v1/state/{module}/{key}", get(state))
         .route("/v1/status", get(status))
         .route("/v1/leave", post(leave))
         .route("/v1/limbo", get(limbo))
@@ -267,6 +269,35 @@ async fn kill(
     let module = who.module(&module)?;
     let killed = instance.kill_key(&module, &key);
     Ok(axum::Json(json!({"killed": killed})))
+}
+
+/// `GET /v1/state/{module}/{key}?prefix=P&limit=N`: the key's committed
+/// entries (read-only; a tenant reads only its own modules).
+async fn state(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<StateQuery>, QueryRejection>,
+) -> Result<impl IntoResponse, Error> {
+    let (module, key) = key_path(path)?;
+    let module = who.module(&module)?;
+    let Query(query) = query.map_err(|e| Error::InvalidKey(format!("state query: {e}")))?;
+    let entries = instance
+        .stored_state(
+            &module,
+            &key,
+            query.prefix.as_deref().unwrap_or(""),
+            query.limit.unwrap_or(100),
+        )
+        .await?;
+    Ok(axum::Json(json!({ "entries": entries })))
+}
+
+/// The query of [`state`].
+#[derive(serde::Deserialize)]
+struct StateQuery {
+    prefix: Option<String>,
+    limit: Option<u32>,
 }
 
 async fn keys(

@@ -48,6 +48,7 @@ mod runtime;
 pub mod sandbox;
 mod scheduler;
 pub mod storage;
+mod storage_api;
 pub mod tls;
 mod transport;
 

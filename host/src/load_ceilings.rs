@@ -98,6 +98,24 @@ pub(crate) fn lower_to_ceilings(
     cap(&mut lowered, "cpu_budget", &mut o.cpu_budget, c.cpu_budget);
     cap(
         &mut lowered,
+        "max_storage_value_size",
+        &mut o.max_storage_value_size,
+        c.max_storage_value_size,
+    );
+    cap(
+        &mut lowered,
+        "max_storage_bytes_per_key",
+        &mut o.max_storage_bytes_per_key,
+        c.max_storage_bytes_per_key,
+    );
+    cap(
+        &mut lowered,
+        "max_storage_writes_per_callback",
+        &mut o.max_storage_writes_per_callback,
+        c.max_storage_writes_per_callback,
+    );
+    cap(
+        &mut lowered,
         "memory_limit",
         &mut o.memory_limit,
         node.max_memory_per_key,

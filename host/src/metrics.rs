@@ -101,6 +101,7 @@ pub(crate) struct Metrics {
     /// scrape time: it is the loop's own figure).
     api_connections: Gauge,
     api_connections_closed: Family<Labels1, Counter>,
+    storage: crate::storage::writer::StorageMetrics,
     gauges: Gauges,
     /// Each module's call series, looked up once (see [`CallSeries`]), with
     /// the calls it served here (local and for peers) for the dashboard's
@@ -141,6 +142,11 @@ fn compile_histogram() -> Histogram {
 }
 
 impl Metrics {
+    /// The storage writer's series.
+    pub(crate) fn storage(&self) -> crate::storage::writer::StorageMetrics {
+        self.storage.clone()
+    }
+
     /// Fresh metrics, every series registered.
     pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("fief");
@@ -167,6 +173,7 @@ impl Metrics {
         let api_connections = Gauge::default();
         let api_connections_closed = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
+        let storage = crate::storage::writer::StorageMetrics::register(&mut registry);
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
         r.register(
@@ -368,6 +375,7 @@ impl Metrics {
             tenant_throttled_seconds,
             api_connections,
             api_connections_closed,
+            storage,
             gauges,
             call_series: std::sync::RwLock::new(std::collections::HashMap::new()),
         }

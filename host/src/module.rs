@@ -38,10 +38,21 @@ pub const MAX_FUNCTIONS: u64 = 100_000;
 pub const MAX_FUNCTION_BYTES: usize = 1024 * 1024;
 
 /// The interfaces of the `fief:key` package a key module may import.
-const FIEF_IMPORTS: [&str; 2] = ["fief:key/host@0.1.0", "fief:key/types@0.1.0"];
+const FIEF_IMPORTS: [&str; 3] = ["fief:key/host", "fief:key/types", "fief:key/storage"];
 
 /// The export that makes a component a key module.
-const LIFECYCLE_EXPORT: &str = "fief:key/lifecycle@0.1.0";
+const LIFECYCLE_EXPORT: &str = "fief:key/lifecycle";
+
+/// The versions of the `fief:key` package this node runs (`storage` was
+/// added to 0.1.0 without changing its other interfaces: a component built
+/// before it imports only `host` and `types`).
+const FIEF_VERSIONS: [&str; 1] = ["0.1.0"];
+
+/// Whether `name` is `interface` at one of [`FIEF_VERSIONS`].
+fn is_fief(name: &str, interface: &str) -> bool {
+    name.split_once('@')
+        .is_some_and(|(i, version)| i == interface && FIEF_VERSIONS.contains(&version))
+}
 
 /// The WASI 0.2 packages the node links (every key gets them; what they may
 /// reach is decided per key: no preopened directory unless the module's
@@ -104,7 +115,10 @@ pub(crate) fn check_header(prefix: &[u8]) -> Result<()> {
 
 /// Whether a key module may import `name` (`package:namespace/interface@version`).
 fn import_granted(name: &str) -> bool {
-    if FIEF_IMPORTS.contains(&name) {
+    if FIEF_IMPORTS
+        .iter()
+        .any(|interface| is_fief(name, interface))
+    {
         return true;
     }
     let Some((interface, version)) = name.split_once('@') else {
@@ -154,18 +168,20 @@ fn check_interface(bytes: &[u8]) -> Result<()> {
     let (imports, exports) = top_level_names(bytes)?;
     if let Some(import) = imports.iter().find(|name| !import_granted(name)) {
         return Err(Error::InvalidModule(format!(
-            "the component imports `{import}`, which a key module may not import: the node grants only fief:key/host@0.1.0 and the WASI 0.2 interfaces ({}); build the module without that dependency",
+            "the component imports `{import}`, which a key module may not import: the node grants only fief:key/host, fief:key/storage and fief:key/types (versions {}) and the WASI 0.2 interfaces ({}); build the module without that dependency, or against a fief:key version this node runs",
+            FIEF_VERSIONS.join(", "),
             WASI_PACKAGES.join(", ")
         )));
     }
-    if !exports.iter().any(|name| name == LIFECYCLE_EXPORT) {
+    if !exports.iter().any(|name| is_fief(name, LIFECYCLE_EXPORT)) {
         let found = if exports.is_empty() {
             "nothing".to_owned()
         } else {
             exports.join(", ")
         };
         return Err(Error::InvalidModule(format!(
-            "the component does not implement the fief:key/key-module@0.1.0 world: it exports {found}, not {LIFECYCLE_EXPORT} (with the Rust SDK: `fief_guest::export_key!(YourKey);`)"
+            "the component does not implement the fief:key/key-module world: it exports {found}, not {LIFECYCLE_EXPORT}@{} (with the Rust SDK: `fief_guest::export_key!(YourKey);`)",
+            FIEF_VERSIONS.join(" or @")
         )));
     }
     Ok(())
@@ -384,12 +400,12 @@ pub(crate) fn finish(
     };
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         Error::InvalidModule(format!(
-            "the component needs an import this node does not grant ({e:#}); a key module may import only fief:key/host@0.1.0 and WASI 0.2"
+            "the component needs an import this node does not grant ({e:#}); a key module may import only fief:key/host, fief:key/storage and WASI 0.2"
         ))
     })?;
     let pre = KeyModulePre::new(pre).map_err(|e| {
         Error::InvalidModule(format!(
-            "the component does not implement the fief:key/key-module@0.1.0 world ({e:#}); it must export fief:key/lifecycle@0.1.0 (with the Rust SDK: `fief_guest::export_key!(YourKey);`)"
+            "the component does not implement the fief:key/key-module world ({e:#}); it must export fief:key/lifecycle@0.1.0 (with the Rust SDK: `fief_guest::export_key!(YourKey);`)"
         ))
     })?;
     // Cache only what passed validation, so a refused component costs a
@@ -470,6 +486,9 @@ mod tests {
     #[test]
     fn only_fief_and_wasi_0_2_imports_are_granted() {
         assert!(import_granted("fief:key/host@0.1.0"));
+        assert!(import_granted("fief:key/storage@0.1.0"));
+        assert!(!import_granted("fief:key/host@0.1.1"));
+        assert!(!import_granted("fief:key/host"));
         assert!(import_granted("wasi:io/streams@0.2.3"));
         assert!(import_granted("wasi:sockets/tcp@0.2.0"));
         assert!(!import_granted("wasi:http/outgoing-handler@0.2.0"));

@@ -94,6 +94,14 @@ impl PubSub {
         delivered
     }
 
+    /// How many keys subscribe to `topic` now (what a publication held by
+    /// the output gate answers: it is delivered once its commit lands).
+    pub(crate) fn subscribers(&self, topic: &str) -> u32 {
+        lock(&self.topics).get(topic).map_or(0, |subscribers| {
+            u32::try_from(subscribers.len()).unwrap_or(u32::MAX)
+        })
+    }
+
     /// How many topics have at least one subscriber.
     pub(crate) fn topic_count(&self) -> usize {
         lock(&self.topics).len()

@@ -48,14 +48,14 @@ pub const PARTITIONS: u32 = 16;
 /// The namespace every node of a test cluster uses.
 const NAMESPACE: &str = "default";
 /// One clock step of [`Cluster::advance`].
-const STEP: Duration = Duration::from_millis(100);
+pub(crate) const STEP: Duration = Duration::from_millis(100);
 /// The lease timing the nodes run with: the defaults (contract §2).
-const TTL: Duration = Duration::from_secs(5);
-const RENEW: Duration = Duration::from_secs(1);
-const MARGIN: Duration = Duration::from_secs(1);
+pub(crate) const TTL: Duration = Duration::from_secs(5);
+pub(crate) const RENEW: Duration = Duration::from_secs(1);
+pub(crate) const MARGIN: Duration = Duration::from_secs(1);
 /// Real time a node may take to react to one clock step, or a test to see
 /// an outcome. Generous: only a broken node takes this long.
-const REACT: Duration = Duration::from_secs(10);
+pub(crate) const REACT: Duration = Duration::from_secs(10);
 /// Real time a call may take before it times out (a call to a cut-off owner
 /// may wait this long).
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -343,16 +343,30 @@ impl Cluster {
     /// Start `n` nodes, `n0` first (so it leads and takes every partition),
     /// each with `modules` deployed before it joins.
     pub async fn start(n: usize, modules: &[(&str, &str)]) -> Cluster {
-        Cluster::launch(n, modules, false).await
+        Cluster::launch(n, modules, false, None).await
+    }
+
+    /// As [`Cluster::start`], node `i` using `stores[i]` for durable state
+    /// (by default every node shares one in-memory store).
+    pub async fn start_with_storage(
+        modules: &[(&str, &str)],
+        stores: Vec<Arc<dyn fief::storage::Backend>>,
+    ) -> Cluster {
+        Cluster::launch(stores.len(), modules, false, Some(stores)).await
     }
 
     /// As [`Cluster::start`], with every node's peers reaching it through a
     /// [`PeerProxy`] that [`Cluster::set_peer_reachable`] can cut.
     pub async fn start_proxied(n: usize, modules: &[(&str, &str)]) -> Cluster {
-        Cluster::launch(n, modules, true).await
+        Cluster::launch(n, modules, true, None).await
     }
 
-    async fn launch(n: usize, modules: &[(&str, &str)], proxied: bool) -> Cluster {
+    async fn launch(
+        n: usize,
+        modules: &[(&str, &str)],
+        proxied: bool,
+        stores: Option<Vec<Arc<dyn fief::storage::Backend>>>,
+    ) -> Cluster {
         let clock = SteppedClock::default();
         let arbiter = LocalArbiter::new(
             Arc::new(clock.clone()),
@@ -377,10 +391,16 @@ impl Cluster {
             refuse_transfer: Mutex::default(),
         });
         let lives = ownership_checker::LifeRecorder::default();
+        // One store for every node, as one PostgreSQL database would be:
+        // durable state follows its key from node to node.
+        let shared: Arc<dyn fief::storage::Backend> =
+            Arc::new(fief::storage::EmbeddedBackend::in_memory().expect("an in-memory store"));
+        let stores = stores.unwrap_or_else(|| vec![shared; n]);
         let mut nodes = Vec::new();
         for (i, listener) in listeners.into_iter().enumerate() {
             let mut builder = Instance::builder(config(i))
                 .arbiter(test_arbiter.clone())
+                .storage(stores[i].clone())
                 .clock(Arc::new(clock.clone()))
                 .peer_listener(listener)
                 .observer(lives.observer());

@@ -502,6 +502,48 @@ async fn python_js_and_rust_keys_share_the_cache() {
     );
 }
 
+/// Durable state through the Python and JavaScript SDKs: each key stores,
+/// reads, lists and deletes its own entries, and what it stored outlives its
+/// process (killed, then loaded again by the next one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_js_keys_keep_durable_state() {
+    let node = node_with_options(
+        script_config(),
+        &[
+            ("probe-py", guests::PROBE_PY, script_options()),
+            ("probe-js", guests::PROBE_JS, script_options()),
+        ],
+    )
+    .await;
+    for (module, yes, no) in [("probe-py", "True", "False"), ("probe-js", "true", "false")] {
+        let ask = |message: &'static str| call_text(&node, module, "k", message);
+        assert_eq!(ask("store-get a").await, "none", "{module}");
+        assert_eq!(ask("store-put b two words").await, "ok", "{module}");
+        assert_eq!(ask("store-put a 1").await, "ok", "{module}");
+        assert_eq!(ask("store-list ").await, "a=1,b=two words", "{module}");
+        assert!(node.kill_key(module, "k"));
+        eventually(Duration::from_secs(10), "the key's process ends", || {
+            !is_live(&node, module, "k")
+        })
+        .await;
+        assert_eq!(
+            ask("store-get b").await,
+            "two words",
+            "{module}: outlives its process"
+        );
+        assert_eq!(ask("store-del a").await, yes, "{module}");
+        assert_eq!(ask("store-del a").await, no, "{module}");
+        let refused = ask("store-get ").await;
+        assert!(refused.starts_with("error: invalid"), "{module}: {refused}");
+        assert_eq!(
+            call_text(&node, module, "other", "store-get b").await,
+            "none",
+            "{module}: another key's state"
+        );
+    }
+    node.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------
 // Pub/sub across languages: room-js beside the Rust room
 // ---------------------------------------------------------------------------

@@ -717,7 +717,7 @@ fn spec_with_probe(namespace: &str, node_id: &str, arbiter: String) -> NodeSpec 
 
 /// Start one node per spec, one after the other, and wait until they agree
 /// on the table (as [`start_cluster`]).
-async fn start_nodes(specs: &[NodeSpec]) -> Vec<ClusterNode> {
+pub(crate) async fn start_nodes(specs: &[NodeSpec]) -> Vec<ClusterNode> {
     let mut nodes = Vec::new();
     for spec in specs {
         let mut node = ClusterNode::spawn(spec).await;

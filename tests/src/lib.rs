@@ -13,6 +13,7 @@ use fief::{Instance, ModuleOptions, NodeConfig};
 
 pub mod history;
 pub mod scratch_postgres;
+pub mod storage_backend;
 
 /// The guest components, built from source for these tests.
 pub mod guests {
@@ -35,6 +36,14 @@ pub mod guests {
     /// `tests/guests/keeper`: one blob of state of any size, handed off
     /// as it is.
     pub const KEEPER: &str = env!("FIEF_GUEST_KEEPER");
+    /// `examples/stored-counter`: `incr`, `get`, `reset`, kept in storage.
+    pub const STORED_COUNTER: &str = env!("FIEF_GUEST_STORED_COUNTER");
+    /// `tests/guests/vault`: every storage import and the output gate,
+    /// driven by text commands.
+    pub const VAULT: &str = env!("FIEF_GUEST_VAULT");
+    /// `tests/guests/legacy`: a counter built against the frozen
+    /// `fief:key@0.1.0` WIT, without the SDK.
+    pub const LEGACY: &str = env!("FIEF_GUEST_LEGACY");
     /// `examples/counter-py`: `counter` in Python (componentize-py).
     pub const COUNTER_PY: &str = env!("FIEF_GUEST_COUNTER_PY");
     /// `examples/counter-js`: `counter` in JavaScript (componentize-js).

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fief::arbiter::LocalArbiter;
+use fief::bindings::storage::StorageError;
 use fief::bindings::types::{CacheError, CallError, EffectError, LogLevel};
 use fief::bindings::{KeyModule, KeyModulePre};
 use fief::core::PartitionCount;
@@ -54,6 +55,38 @@ impl WasiView for RawCtx {
 }
 
 impl fief::bindings::types::Host for RawCtx {}
+
+/// The raw baseline keeps no durable state: every storage call is refused.
+impl fief::bindings::storage::Host for RawCtx {
+    async fn get(&mut self, _: String) -> wasmtime::Result<Result<Option<Vec<u8>>, StorageError>> {
+        Ok(Err(no_storage()))
+    }
+    async fn put(&mut self, _: String, _: Vec<u8>) -> wasmtime::Result<Result<(), StorageError>> {
+        Ok(Err(no_storage()))
+    }
+    async fn delete(&mut self, _: String) -> wasmtime::Result<Result<bool, StorageError>> {
+        Ok(Err(no_storage()))
+    }
+    async fn list(
+        &mut self,
+        _: String,
+        _: Option<String>,
+        _: u32,
+    ) -> wasmtime::Result<Result<Vec<(String, Vec<u8>)>, StorageError>> {
+        Ok(Err(no_storage()))
+    }
+    async fn delete_range(
+        &mut self,
+        _: String,
+        _: Option<String>,
+    ) -> wasmtime::Result<Result<u64, StorageError>> {
+        Ok(Err(no_storage()))
+    }
+}
+
+fn no_storage() -> StorageError {
+    StorageError::Unavailable("the raw baseline keeps no state".to_owned())
+}
 
 /// `fief:key/host` for the baseline: the guests' benchmarked paths never
 /// call it, so every import is a trivial answer.

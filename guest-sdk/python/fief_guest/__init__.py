@@ -40,9 +40,10 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-from fief_guest import cache, host
+from fief_guest import cache, host, storage
 from fief_guest.cache import CacheError
 from fief_guest.host import CallError, EffectError
+from fief_guest.storage import StorageError
 
 __all__ = [
     "CONTINUE",
@@ -53,6 +54,8 @@ __all__ = [
     "Reject",
     "Stop",
     "cache",
+    "storage",
+    "StorageError",
     "export_key",
     "host",
 ]

@@ -180,6 +180,19 @@ pub struct NodeConfig {
     /// burst.
     #[serde(with = "humantime_serde")]
     pub cpu_budget_per_tenant_window: Duration,
+    /// Where keys' durable state is kept (`fief:key/storage`): `embedded`
+    /// (a redb file, `state.redb` in `data_dir`; in memory without a
+    /// `data_dir`), `memory` (in memory, lost when the node stops: for
+    /// tests), or a `postgres://` URL. `None` (the default): the arbiter's
+    /// PostgreSQL database if the arbiter is one, else `embedded`.
+    pub storage: Option<String>,
+    /// The node's own files (the embedded storage's `state.redb`). `None`:
+    /// nothing is written to disk, and embedded storage is in memory.
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Most bytes a tenant may store (every key of every module of it,
+    /// names plus values), as this node last learnt from the store; a
+    /// `put` past it fails with `limit`. Default 1 GiB.
+    pub max_storage_bytes_per_tenant: ByteSize,
 }
 
 impl Default for NodeConfig {
@@ -221,6 +234,9 @@ impl Default for NodeConfig {
             guest_thread_nice: 10,
             cpu_budget_per_tenant: None,
             cpu_budget_per_tenant_window: Duration::from_secs(1),
+            storage: None,
+            data_dir: None,
+            max_storage_bytes_per_tenant: ByteSize::gib(1),
         }
     }
 }
@@ -267,6 +283,15 @@ impl NodeConfig {
             return bad(format!(
                 "arbiter {:?} is neither `local` nor a postgres:// URL",
                 self.arbiter
+            ));
+        }
+        if let Some(storage) = &self.storage
+            && !matches!(storage.as_str(), "embedded" | "memory")
+            && !storage.starts_with("postgres://")
+            && !storage.starts_with("postgresql://")
+        {
+            return bad(format!(
+                "storage {storage:?} is none of `embedded`, `memory` or a postgres:// URL"
             ));
         }
         if let Some(addr) = &self.peer_advertise

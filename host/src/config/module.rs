@@ -41,6 +41,12 @@ pub struct ModuleCeilings {
     pub max_host_bytes_per_key: ByteSize,
     /// Largest `cpu_budget` (share of a core over its window) of one key.
     pub cpu_budget: CpuShare,
+    /// Largest stored value of one key.
+    pub max_storage_value_size: ByteSize,
+    /// Most bytes one key may store.
+    pub max_storage_bytes_per_key: ByteSize,
+    /// Most storage writes of one callback.
+    pub max_storage_writes_per_callback: u32,
 }
 
 impl Default for ModuleCeilings {
@@ -55,6 +61,9 @@ impl Default for ModuleCeilings {
             max_publishes_per_second: 100_000,
             max_host_bytes_per_key: ByteSize::gib(1),
             cpu_budget: CpuShare::WHOLE_CORE,
+            max_storage_value_size: ByteSize::mib(1),
+            max_storage_bytes_per_key: ByteSize::gib(1),
+            max_storage_writes_per_callback: 100_000,
         }
     }
 }
@@ -63,7 +72,8 @@ impl ModuleCeilings {
     /// The names [`ModuleCeilings::set`] takes.
     pub const NAMES: &'static str = "cpu_limit, idle_timeout, max_live_keys, mailbox_depth, \
         max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second, \
-        max_host_bytes_per_key, cpu_budget";
+        max_host_bytes_per_key, cpu_budget, max_storage_value_size, max_storage_bytes_per_key, \
+        max_storage_writes_per_callback";
 
     /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`).
     ///
@@ -86,6 +96,13 @@ impl ModuleCeilings {
                 self.max_host_bytes_per_key = value.parse().map_err(|e: String| bad(e))?;
             }
             "cpu_budget" => self.cpu_budget = value.parse().map_err(bad)?,
+            "max_storage_value_size" => {
+                self.max_storage_value_size = value.parse().map_err(|e: String| bad(e))?;
+            }
+            "max_storage_bytes_per_key" => {
+                self.max_storage_bytes_per_key = value.parse().map_err(|e: String| bad(e))?;
+            }
+            "max_storage_writes_per_callback" => self.max_storage_writes_per_callback = count()?,
             other => {
                 return Err(Error::Config(format!(
                     "unknown module ceiling {other:?}; known: {}",
@@ -136,6 +153,21 @@ impl ModuleCeilings {
             "max_host_bytes_per_key",
             o.max_host_bytes_per_key,
             self.max_host_bytes_per_key,
+        )?;
+        over(
+            "max_storage_value_size",
+            o.max_storage_value_size,
+            self.max_storage_value_size,
+        )?;
+        over(
+            "max_storage_bytes_per_key",
+            o.max_storage_bytes_per_key,
+            self.max_storage_bytes_per_key,
+        )?;
+        over(
+            "max_storage_writes_per_callback",
+            o.max_storage_writes_per_callback,
+            self.max_storage_writes_per_callback,
         )?;
         over("cpu_budget", o.cpu_budget, self.cpu_budget)
     }
@@ -210,6 +242,16 @@ pub struct ModuleOptions {
     /// default 1 s.
     #[serde(with = "humantime_serde")]
     pub cpu_budget_window: Duration,
+    /// Largest value one key may store under one name (`fief:key/storage`);
+    /// a larger `put` fails with `invalid`. Default 1 MiB.
+    pub max_storage_value_size: ByteSize,
+    /// Most bytes (names plus values) one key may store; a `put` past it
+    /// fails with `limit`. The state is held in the key's memory on the
+    /// host once loaded. Default 16 MiB.
+    pub max_storage_bytes_per_key: ByteSize,
+    /// Most storage writes (puts, deletes, range deletes) one callback may
+    /// make; past it they fail with `limit`. Default 1000.
+    pub max_storage_writes_per_callback: u32,
 }
 
 impl Default for ModuleOptions {
@@ -234,6 +276,9 @@ impl Default for ModuleOptions {
             dir: None,
             cpu_budget: CpuShare::WHOLE_CORE,
             cpu_budget_window: Duration::from_secs(1),
+            max_storage_value_size: ByteSize::mib(1),
+            max_storage_bytes_per_key: ByteSize::mib(16),
+            max_storage_writes_per_callback: 1000,
         }
     }
 }
@@ -298,6 +343,15 @@ impl ModuleOptions {
         }
         if self.max_publishes_per_second == 0 {
             return bad("max_publishes_per_second must be at least 1".to_owned());
+        }
+        if self.max_storage_writes_per_callback == 0 {
+            return bad("max_storage_writes_per_callback must be at least 1".to_owned());
+        }
+        if self.max_storage_value_size > self.max_storage_bytes_per_key {
+            return bad(format!(
+                "max_storage_value_size ({}) must be at most max_storage_bytes_per_key ({})",
+                self.max_storage_value_size, self.max_storage_bytes_per_key
+            ));
         }
         if !(1..=MAX_LOG_LINES_PER_SECOND).contains(&self.max_log_lines_per_second) {
             return bad(format!(
@@ -394,9 +448,14 @@ impl ModuleOptions {
                     .map_err(|e| Error::InvalidOptions(format!("{name}: {e}")))?
             }
             "cpu_budget_window" => self.cpu_budget_window = duration(value)?,
+            "max_storage_value_size" => self.max_storage_value_size = size(value)?,
+            "max_storage_bytes_per_key" => self.max_storage_bytes_per_key = size(value)?,
+            "max_storage_writes_per_callback" => {
+                self.max_storage_writes_per_callback = count(value)?
+            }
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window, max_storage_value_size, max_storage_bytes_per_key, max_storage_writes_per_callback"
                 )));
             }
         }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::KeyControl;
-use super::process::{Death, ProcessGuard};
+use super::process::{Death, ProcessGuard, caller_error};
 use crate::cpu_budget::{CpuMeter, poll_timed};
 use crate::error::{Error, Result};
 
@@ -165,7 +165,7 @@ pub(super) async fn run_inline(
         Some(Err(Death(why))) => {
             *process = None;
             control.died(why.clone());
-            Err(Error::KeyDied(why))
+            Err(caller_error(why))
         }
         None => {
             *process = None;

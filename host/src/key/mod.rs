@@ -27,11 +27,13 @@
 //!   activation, the fence sweep, kills, retirement;
 //! - `inline.rs`: a routed call run on its caller's task while the key is
 //!   idle, and its hand-over to the key's task;
-//! - `task.rs`: the task that owns one key process and runs its message loop.
+//! - `task.rs`: the task that owns one key process and runs its message loop;
+//! - `storage.rs`: a process's durable state and its output gate.
 
 mod inline;
 mod process;
 mod slot;
+mod storage;
 mod task;
 
 use std::pin::Pin;
@@ -46,9 +48,10 @@ use crate::bindings::types::{Info, StopReason};
 use crate::error::{Error, Result};
 
 use inline::Orphan;
-pub(crate) use process::{KeyCtx, KeyEnv, arm_timer};
+pub(crate) use process::{KeyCtx, KeyEnv, arm_timer, reserve_timer, spawn_timer};
 pub use slot::LiveKey;
 pub(crate) use slot::ModuleSlot;
+pub(crate) use storage::Output;
 
 /// Lock a std mutex, ignoring poisoning: every critical section here leaves
 /// the data consistent before it can panic.

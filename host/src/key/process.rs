@@ -16,12 +16,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fief_core::{OnFence, OwnershipToken};
+use fief_core::{OnFence, OwnershipToken, PartitionId};
 use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, StoreLimits, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::storage::KeyStorage;
 use super::{Envelope, KeyControl};
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
@@ -52,6 +53,9 @@ pub(crate) struct KeyEnv {
     pub(crate) module: Arc<str>,
     pub(crate) key: Arc<str>,
     pub(crate) token: OwnershipToken,
+    /// The key's partition (with `token`, what its storage commits are
+    /// fenced by).
+    pub(crate) partition: PartitionId,
     pub(crate) control: Arc<KeyControl>,
     pub(crate) mailbox: WeakMailbox,
     pub(crate) node: Weak<NodeShared>,
@@ -94,13 +98,15 @@ pub(crate) struct KeyCtx {
     seat: Arc<Seat>,
     tenant: Arc<str>,
     /// Why the host interrupted the guest, when it did (CPU or memory limit).
-    death: Option<String>,
+    pub(super) death: Option<String>,
     pub(crate) timers: HashMap<u64, AbortHandle>,
     pub(crate) next_timer: u64,
     /// Each subscribed topic, with the host bytes it holds.
     pub(crate) subscriptions: BTreeMap<String, Held>,
     /// The key's publish rate limit (`max_publishes_per_second`).
     pub(crate) publishes: PublishBucket,
+    /// The key's durable state and the output gate ([`KeyStorage`]).
+    pub(crate) storage: KeyStorage,
 }
 
 impl WasiView for KeyCtx {
@@ -229,6 +235,17 @@ const LIFT_BYTES_PER_NANO: u64 = 2;
 #[derive(Debug)]
 pub(super) struct Death(pub(super) String);
 
+/// What the caller of a callback that ended its process is told: a commit
+/// that failed is the store's unavailability (the call may be retried),
+/// anything else the key's death.
+pub(super) fn caller_error(why: String) -> Error {
+    if why.starts_with(super::storage::COMMIT_FAILED) {
+        Error::StorageUnavailable(why)
+    } else {
+        Error::KeyDied(why)
+    }
+}
+
 /// A running key process: a store and the instance in it.
 pub(super) struct KeyProcess {
     pub(super) store: Store<KeyCtx>,
@@ -294,6 +311,24 @@ impl KeyProcess {
             next_timer: 1,
             subscriptions: BTreeMap::new(),
             publishes: PublishBucket::new(options.max_publishes_per_second, node.clock.now()),
+            storage: KeyStorage::new(
+                node.storage.clone(),
+                crate::storage::KeyScope {
+                    module: env.module.to_string(),
+                    key: env.key.to_string(),
+                },
+                crate::storage::Fence {
+                    partition: env.partition.0,
+                    token: env.token.0,
+                },
+                crate::storage::state::StorageLimits {
+                    max_value: options.max_storage_value_size.as_u64(),
+                    max_bytes_per_key: options.max_storage_bytes_per_key.as_u64(),
+                    max_bytes_per_tenant: node.config.max_storage_bytes_per_tenant.as_u64(),
+                    max_writes_per_callback: options.max_storage_writes_per_callback,
+                },
+                env.mailbox.ledger().clone(),
+            ),
         };
         let mut store = Store::new(&node.runtime.engine, ctx);
         store.limiter(|ctx| &mut ctx.limits);
@@ -368,14 +403,32 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_init(&mut process.store, &env.key, handoff.as_deref())
             .await;
-        process.end_callback();
-        match init {
+        match process.settle(init).await {
             Ok(Ok(())) => Ok(process),
             // Guest text is cut where it enters the host: the refusal goes
             // to the caller, the log and peers.
             Ok(Err(refusal)) => Err(Error::InitRefused(bounded(refusal, MAX_GUEST_ERROR))),
-            Err(e) => Err(Error::KeyDied(process.death(&e).0)),
+            Err(Death(why)) => Err(caller_error(why)),
         }
+    }
+
+    /// A callback returned `result`: give back its turn, then commit its
+    /// writes and let out the outputs that waited for them (the output
+    /// gate, [`KeyStorage`]). A trap, or a commit that failed, is the
+    /// process's death; then nothing that waited leaves.
+    async fn settle<T>(&mut self, result: wasmtime::Result<T>) -> Result<T, Death> {
+        self.end_callback();
+        let value = result.map_err(|e| self.death(&e))?;
+        let control = self.store.data().env.control.clone();
+        let outputs = self
+            .store
+            .data_mut()
+            .storage
+            .commit(&control)
+            .await
+            .map_err(Death)?;
+        self.store.data_mut().release(outputs);
+        Ok(value)
     }
 
     /// The callback ended: give back its turn, if it holds one.
@@ -392,6 +445,7 @@ impl KeyProcess {
 
     fn begin_callback(&mut self) {
         let ctx = self.store.data_mut();
+        ctx.storage.begin_callback();
         ctx.cpu_ticks = 0;
         ctx.host_nanos = 0;
         ctx.log.take_host_nanos();
@@ -413,11 +467,11 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_call(&mut self.store, message)
             .await;
-        self.end_callback();
         // The guest's error is cut where it enters the host: it travels to
         // the caller (and on to HTTP, logs and peers) like a reply.
-        r.map(|result| result.map_err(|why| bounded(why, MAX_GUEST_ERROR)))
-            .map_err(|e| self.death(&e))
+        self.settle(r)
+            .await
+            .map(|result| result.map_err(|why| bounded(why, MAX_GUEST_ERROR)))
     }
 
     pub(super) async fn handle_cast(&mut self, message: &[u8]) -> Result<(), Death> {
@@ -427,8 +481,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_cast(&mut self.store, message)
             .await;
-        self.end_callback();
-        r.map_err(|e| self.death(&e))
+        self.settle(r).await
     }
 
     pub(super) async fn handle_info(&mut self, info: &Info) -> Result<(), Death> {
@@ -445,8 +498,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_info(&mut self.store, info)
             .await;
-        self.end_callback();
-        r.map_err(|e| self.death(&e))
+        self.settle(r).await
     }
 
     pub(super) async fn handle_fence(
@@ -460,12 +512,10 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handle_fence(&mut self.store, deadline_ms)
             .await;
-        self.end_callback();
-        r.map(|decision| match decision {
+        self.settle(r).await.map(|decision| match decision {
             FenceDecision::Stop(reason) => FenceDecision::Stop(bounded(reason, MAX_GUEST_ERROR)),
             other => other,
         })
-        .map_err(|e| self.death(&e))
     }
 
     pub(super) async fn handoff(&mut self) -> Result<Option<Vec<u8>>, Death> {
@@ -475,8 +525,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_handoff(&mut self.store)
             .await;
-        self.end_callback();
-        r.map_err(|e| self.death(&e))
+        self.settle(r).await
     }
 
     pub(super) async fn terminate(&mut self, reason: &StopReason) -> Result<(), Death> {
@@ -486,8 +535,7 @@ impl KeyProcess {
             .fief_key_lifecycle()
             .call_terminate(&mut self.store, reason)
             .await;
-        self.end_callback();
-        r.map_err(|e| self.death(&e))
+        self.settle(r).await
     }
 
     pub(super) fn timers_armed(&self) -> usize {
@@ -549,6 +597,17 @@ pub(crate) fn arm_timer(
     delay: Duration,
     tag: Vec<u8>,
 ) -> std::result::Result<u64, crate::host_bytes::Refusal> {
+    let (id, held) = reserve_timer(ctx, &tag)?;
+    spawn_timer(ctx, id, delay, tag, held);
+    Ok(id)
+}
+
+/// Charge a timer's tag and give it its id, without arming it (the output
+/// gate arms it later with [`spawn_timer`]).
+pub(crate) fn reserve_timer(
+    ctx: &mut KeyCtx,
+    tag: &[u8],
+) -> std::result::Result<(u64, Held), crate::host_bytes::Refusal> {
     let held = ctx
         .env
         .mailbox
@@ -556,6 +615,11 @@ pub(crate) fn arm_timer(
         .hold(crate::host_bytes::TIMER_OVERHEAD + tag.len())?;
     let id = ctx.next_timer;
     ctx.next_timer += 1;
+    Ok((id, held))
+}
+
+/// Arm timer `id`, reserved with [`reserve_timer`].
+pub(crate) fn spawn_timer(ctx: &mut KeyCtx, id: u64, delay: Duration, tag: Vec<u8>, held: Held) {
     let mailbox = ctx.env.mailbox.clone();
     let (module, key) = (ctx.env.module.clone(), ctx.env.key.clone());
     let task = tokio::spawn(async move {
@@ -567,5 +631,4 @@ pub(crate) fn arm_timer(
         }
     });
     ctx.timers.insert(id, task.abort_handle());
-    Ok(id)
 }

@@ -189,6 +189,7 @@ impl ModuleSlot {
             module: self.name.clone(),
             key: Arc::from(key),
             token,
+            partition,
             control: control.clone(),
             mailbox: tx.downgrade(),
             node: Arc::downgrade(node),

@@ -19,7 +19,7 @@ use fief_core::OnFence;
 use tokio::sync::futures::Notified;
 use tokio::sync::oneshot;
 
-use super::process::{Death, KeyProcess, ProcessCell, ProcessGuard};
+use super::process::{Death, KeyProcess, ProcessCell, ProcessGuard, caller_error};
 use super::{Envelope, KeyControl, KeyEnv, KeyLifeEvent, ModuleSlot, rearm};
 use crate::bindings::types::{FenceDecision, StopReason};
 use crate::cpu_budget::{CpuMeter, poll_metered};
@@ -306,7 +306,7 @@ async fn drive_key(
             }
             Some(Step::Died(why)) => {
                 if let Some(waiting) = waiting {
-                    let error = Error::KeyDied(why.clone());
+                    let error = caller_error(why.clone());
                     last_word = Some(Box::new(move || waiting.fail(error)));
                 }
                 break Exit::Died(why);

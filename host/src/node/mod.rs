@@ -144,6 +144,8 @@ pub(crate) struct NodeShared {
     pub(crate) cache: Mutex<CacheStore>,
     /// Counters and histograms for `GET /metrics`.
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The pipeline to the store of keys' durable state (group commit).
+    pub(crate) storage: Arc<crate::storage::writer::StorageWriter>,
 }
 
 /// The table of a published [`RoutingView`], held by its `Arc`.
@@ -385,6 +387,26 @@ impl Instance {
         Cache {
             shared: self.shared.clone(),
         }
+    }
+
+    /// Up to `limit` (at most [`MAX_STATE_READ`](crate::storage::MAX_STATE_READ))
+    /// committed entries of `key` of `module` whose names start with
+    /// `prefix`, sorted, read from the store (operators' view: a live
+    /// owner's writes appear once committed).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] for a bad key, prefix or limit;
+    /// [`Error::StorageUnavailable`] when the store cannot be read.
+    pub async fn stored_state(
+        &self,
+        module: &str,
+        key: &str,
+        prefix: &str,
+        limit: u32,
+    ) -> Result<Vec<crate::storage::StoredEntry>> {
+        crate::storage::read_for_operator(self.shared.storage.backend(), module, key, prefix, limit)
+            .await
     }
 
     /// Fence the node now, as if its lease could not be renewed: every

@@ -41,6 +41,7 @@ pub struct InstanceBuilder {
     peer_listener: Option<tokio::net::TcpListener>,
     observer: Option<KeyLifeObserver>,
     events: Option<NodeEventObserver>,
+    storage: Option<Arc<dyn crate::storage::Backend>>,
     modules: Vec<(String, Vec<u8>, ModuleOptions)>,
 }
 
@@ -65,6 +66,14 @@ impl InstanceBuilder {
     /// [`crate::event_log::EventLog`]).
     pub fn events(mut self, events: NodeEventObserver) -> Self {
         self.events = Some(events);
+        self
+    }
+
+    /// Keep keys' durable state in `backend` (default: as the
+    /// configuration's `storage` says). Nodes of one namespace must share
+    /// one store: give in-process nodes the same backend.
+    pub fn storage(mut self, backend: Arc<dyn crate::storage::Backend>) -> Self {
+        self.storage = Some(backend);
         self
     }
 
@@ -115,6 +124,12 @@ impl InstanceBuilder {
                 .map_err(|e| Error::Config(format!("cannot use the arbiter: {e}")))?,
             ),
         };
+        let backend = match self.storage {
+            Some(backend) => backend,
+            None => crate::storage::open(&config).await?,
+        };
+        let metrics = crate::metrics::Metrics::new();
+        let storage = crate::storage::writer::StorageWriter::start(backend, metrics.storage());
         let peer_listener = match (self.peer_listener, config.peer_listen) {
             (Some(listener), _) => Some(listener),
             (None, Some(addr)) => {
@@ -208,7 +223,8 @@ impl InstanceBuilder {
                 cache_tenant_max_bytes,
                 cache_namespace_max_bytes,
             )),
-            metrics: crate::metrics::Metrics::new(),
+            metrics,
+            storage,
         });
         // Builder modules go through the module store like any deploy; then
         // the node loads everything the store has before it joins, so it
@@ -264,6 +280,7 @@ impl Instance {
             peer_listener: None,
             observer: None,
             events: None,
+            storage: None,
             modules: Vec::new(),
         }
     }

@@ -123,6 +123,8 @@ pub struct Status {
     pub topics: usize,
     /// Deployed modules.
     pub modules: Vec<ModuleInfo>,
+    /// Where keys' durable state is kept (the storage backend, no secret).
+    pub storage: String,
 }
 
 impl Instance {
@@ -173,6 +175,7 @@ impl Instance {
             handoff_bytes: handoffs.1,
             host_bytes: shared.host_bytes.report(),
             tenant_cpu: shared.tenant_cpu.report(),
+            storage: shared.storage.backend().describe(),
             fences: *lock(&shared.fences),
             leaving,
             nodes: shared

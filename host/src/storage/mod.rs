@@ -30,6 +30,18 @@
 use std::future::Future;
 use std::pin::Pin;
 
+#[cfg(test)]
+mod contract_tests;
+mod embedded;
+mod plan;
+mod postgres;
+pub(crate) mod state;
+pub(crate) mod writer;
+
+pub use embedded::EmbeddedBackend;
+pub use postgres::PostgresBackend;
+pub use state::MAX_NAME_BYTES;
+
 /// A future a backend returns (the trait is used as `Arc<dyn Backend>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -188,4 +200,124 @@ pub trait Backend: Send + Sync + 'static {
         prefix: String,
         limit: u32,
     ) -> BoxFuture<'_, Result<Entries, BackendError>>;
+}
+
+/// The backend a node's configuration names (`storage`, `data_dir`; see
+/// [`NodeConfig::storage`](crate::NodeConfig::storage)).
+///
+/// # Errors
+///
+/// [`Error::Config`](crate::Error::Config) when the store cannot be opened,
+/// saying which and why.
+pub(crate) async fn open(config: &crate::NodeConfig) -> crate::Result<std::sync::Arc<dyn Backend>> {
+    let postgres_arbiter = config.arbiter.starts_with("postgres");
+    let chosen = match config.storage.as_deref() {
+        Some(named) => named,
+        None if postgres_arbiter => config.arbiter.as_str(),
+        None => "embedded",
+    };
+    let opened: Result<std::sync::Arc<dyn Backend>, BackendError> = match chosen {
+        "embedded" | "memory" => match (chosen, &config.data_dir) {
+            ("embedded", Some(dir)) => EmbeddedBackend::open(&dir.join("state.redb")),
+            _ => EmbeddedBackend::in_memory(),
+        }
+        .map(|b| std::sync::Arc::new(b) as _),
+        url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            PostgresBackend::connect(url, &config.namespace)
+                .await
+                .map(|b| std::sync::Arc::new(b) as _)
+        }
+        other => {
+            return Err(crate::Error::Config(format!(
+                "storage {other:?}: name `embedded`, `memory` or a postgres:// URL"
+            )));
+        }
+    };
+    opened.map_err(|e| {
+        crate::Error::Config(format!(
+            "storage {chosen:?} cannot be opened: {e}; check that it is reachable and not held by another node"
+        ))
+    })
+}
+
+/// Most entries one operator's read returns.
+pub const MAX_STATE_READ: u32 = 1000;
+
+/// One stored entry, as operators read it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredEntry {
+    /// The entry's name.
+    pub name: String,
+    /// Its value, as stored.
+    #[serde(with = "value_text")]
+    pub value: Vec<u8>,
+}
+
+/// Values travel in JSON as `{"utf8": "..."}` when they are UTF-8 and as
+/// `{"hex": "..."}` otherwise.
+mod value_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum Text {
+        Utf8(String),
+        Hex(String),
+    }
+
+    pub fn serialize<S: Serializer>(value: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(value) {
+            Ok(text) => Text::Utf8(text.to_owned()),
+            Err(_) => Text::Hex(value.iter().map(|b| format!("{b:02x}")).collect()),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        match Text::deserialize(d)? {
+            Text::Utf8(text) => Ok(text.into_bytes()),
+            Text::Hex(hex) => (0..hex.len())
+                .step_by(2)
+                .map(|i| {
+                    hex.get(i..i + 2)
+                        .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                        .ok_or_else(|| {
+                            serde::de::Error::custom("a hex value is pairs of hex digits")
+                        })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// An operator's read of `key` of `module` (see [`crate::Instance::stored_state`]).
+pub(crate) async fn read_for_operator(
+    backend: &std::sync::Arc<dyn Backend>,
+    module: &str,
+    key: &str,
+    prefix: &str,
+    limit: u32,
+) -> crate::Result<Vec<StoredEntry>> {
+    if key.is_empty() || prefix.len() > MAX_NAME_BYTES {
+        return Err(crate::Error::InvalidKey(format!(
+            "a state read names a key, and a prefix of at most {MAX_NAME_BYTES} bytes"
+        )));
+    }
+    if limit == 0 || limit > MAX_STATE_READ {
+        return Err(crate::Error::InvalidKey(format!(
+            "limit {limit}: a state read returns 1 to {MAX_STATE_READ} entries"
+        )));
+    }
+    let scope = KeyScope {
+        module: module.to_owned(),
+        key: key.to_owned(),
+    };
+    let entries = backend
+        .read(scope, prefix.to_owned(), limit)
+        .await
+        .map_err(|e| crate::Error::StorageUnavailable(e.to_string()))?;
+    Ok(entries
+        .into_iter()
+        .map(|(name, value)| StoredEntry { name, value })
+        .collect())
 }

@@ -1,8 +1,9 @@
 // `probe-js`: the JavaScript test guest — the JS SDK driven by text commands.
 // It answers exactly the commands of `probe-py` (see tests/polyglot/probe-py/app.py):
 // ping, whoami, echo, call, after, events, on-fence, fail, crash, spin,
-// spin-after-call, cache-get, cache-put, cache-cas, cache-delete (`true` /
-// `false` where Python says `True` / `False`).
+// spin-after-call, cache-get, cache-put, cache-cas, cache-delete, store-put,
+// store-get, store-list, store-del (`true` / `false` where Python says
+// `True` / `False`).
 
 import {
   CONTINUE,
@@ -10,10 +11,12 @@ import {
   CallError,
   Key,
   Reject,
+  StorageError,
   cache,
   exportKey,
   host,
   stop,
+  storage,
 } from '../../../guest-sdk/js/fief.js';
 
 function spinForever() {
@@ -83,8 +86,39 @@ class Probe extends Key {
           if (error instanceof CacheError) return `error: ${error.message}`;
           throw error;
         }
+      case 'store-put':
+      case 'store-get':
+      case 'store-list':
+      case 'store-del':
+        try {
+          return this.storeCommand(command, rest);
+        } catch (error) {
+          if (error instanceof StorageError) return `error: ${error.message}`;
+          throw error;
+        }
       default:
         throw new Reject(`probe-js: unknown command ${JSON.stringify(command)}`);
+    }
+  }
+
+  storeCommand(command, rest) {
+    switch (command) {
+      case 'store-put': {
+        const space = rest.indexOf(' ');
+        storage.put(rest.slice(0, space), rest.slice(space + 1));
+        return 'ok';
+      }
+      case 'store-get': {
+        const value = storage.get(rest);
+        return value === undefined ? 'none' : host.text(value);
+      }
+      case 'store-list':
+        return storage
+          .list(rest)
+          .map(([name, value]) => `${name}=${host.text(value)}`)
+          .join(',');
+      default:
+        return String(storage.delete(rest));
     }
   }
 

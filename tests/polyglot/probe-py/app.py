@@ -19,12 +19,16 @@ Each command is a `handle-call` message (UTF-8); `probe-js` answers the same:
 | `cache-put <ns> <key> <value>` | the new version, or `error: ...`                            |
 | `cache-cas <ns> <key> <version> <value>` | as `cache-put`, only if the version matches (0: if absent) |
 | `cache-delete <ns> <key>`      | `True` if there was an entry, else `False`                   |
+| `store-put <name> <value>`     | `ok`: stored in the key's durable state, or `error: ...`     |
+| `store-get <name>`             | the stored value, or `none`                                  |
+| `store-list <start>`           | `name=value` pairs from `start` on, comma-separated          |
+| `store-del <name>`             | `True` if it was stored, else `False`                        |
 
 Casts are recorded as events; publications too (`subscribe` is not a
 command: the tests drive pub/sub with the Rust probe and the examples).
 """
 
-from fief_guest import CONTINUE, CacheError, CallError, Key, Reject, Stop, cache, export_key, host
+from fief_guest import CONTINUE, CacheError, CallError, Key, Reject, Stop, StorageError, cache, export_key, host, storage
 
 
 def spin_forever():
@@ -79,6 +83,25 @@ class Probe(Key):
                 return self.cache_command(command, rest)
             except CacheError as error:
                 return f"error: {error}"
+        if command.startswith("store-"):
+            try:
+                return self.store_command(command, rest)
+            except StorageError as error:
+                return f"error: {error}"
+        raise Reject(f"probe-py: unknown command {command!r}")
+
+    def store_command(self, command, rest):
+        if command == "store-put":
+            name, _, value = rest.partition(" ")
+            storage.put(name, value)
+            return "ok"
+        if command == "store-get":
+            value = storage.get(rest)
+            return "none" if value is None else value.decode()
+        if command == "store-list":
+            return ",".join(f"{n}={v.decode()}" for n, v in storage.list_range(rest))
+        if command == "store-del":
+            return str(storage.delete(rest))
         raise Reject(f"probe-py: unknown command {command!r}")
 
     def cache_command(self, command, rest):

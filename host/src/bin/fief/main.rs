@@ -15,6 +15,7 @@ mod client;
 mod commands;
 mod modules;
 mod node;
+mod state;
 mod status;
 mod token;
 
@@ -23,6 +24,7 @@ use client::{CLIENT, build_client};
 use commands::{KeyArgs, NodeUrl, StatusArgs};
 use modules::DeployArgs;
 use node::{LogFormat, NodeArgs};
+use state::StateCommand;
 use token::TokenCommand;
 
 /// Fief: WebAssembly key processes with strict single ownership.
@@ -72,6 +74,9 @@ enum Command {
     /// Read and write the coherent cache.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Read a key's committed durable state (read-only).
+    #[command(subcommand)]
+    State(StateCommand),
     /// Make and hash API tokens and cluster secrets.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -144,6 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Leave(args) => commands::leave(args).await,
         Command::Limbo(args) => commands::limbo(args).await,
         Command::Cache(command) => cache::cache(command).await,
+        Command::State(command) => state::state(command).await,
         Command::Token(command) => token::token(command),
         Command::CompileWorker(_) => bail!("the compile worker runs before the async runtime"),
     }

@@ -37,6 +37,15 @@ pub(crate) struct NodeArgs {
     /// The arbiter: `local` (embedded) or `postgres://user@host:5432/db`.
     #[arg(long, env = "FIEF_ARBITER")]
     pub(crate) arbiter: Option<String>,
+    /// Where keys' durable state is kept: `embedded` (a redb file in
+    /// --data-dir; in memory without one), `memory`, or a `postgres://` URL.
+    /// Default: the arbiter's database if it is PostgreSQL, else `embedded`.
+    #[arg(long, env = "FIEF_STORAGE")]
+    pub(crate) storage: Option<String>,
+    /// The node's own files (embedded storage's `state.redb`). Without it
+    /// embedded storage is in memory and lost when the node stops.
+    #[arg(long, env = "FIEF_DATA_DIR")]
+    pub(crate) data_dir: Option<PathBuf>,
     /// Address of the HTTP API.
     #[arg(long, env = "FIEF_LISTEN")]
     pub(crate) listen: Option<SocketAddr>,
@@ -212,6 +221,12 @@ pub(crate) fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         compile_timeout,
         compile_memory_limit
     );
+    if let Some(storage) = args.storage.clone() {
+        config.storage = Some(storage);
+    }
+    if let Some(dir) = args.data_dir.clone() {
+        config.data_dir = Some(dir);
+    }
     if let Some(cores) = args.cpu_budget_per_tenant {
         config.cpu_budget_per_tenant = Some(cores);
     }

@@ -190,6 +190,9 @@ pub(crate) fn render(status: &Value) -> String {
         cache["evictions"],
         cache["ownership_drops"]
     );
+    if let Some(storage) = status["storage"].as_str() {
+        let _ = writeln!(out, "  storage: {storage}");
+    }
     for tenant in status["host_bytes"].as_array().into_iter().flatten() {
         let name = match tenant["tenant"].as_str() {
             Some("") | None => "modules of no tenant".to_owned(),

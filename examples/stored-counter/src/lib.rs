@@ -1,0 +1,64 @@
+//! `stored-counter`: one durable number per key, kept in the key's storage.
+//!
+//! Messages are UTF-8 text:
+//!
+//! | kind | message | effect                      | reply     |
+//! |------|---------|-----------------------------|-----------|
+//! | call | `incr`  | adds one                    | new value |
+//! | call | `get`   | none                        | value     |
+//! | call | `reset` | removes the value (back to 0) | `0`     |
+//!
+//! Unlike `counter` (whose value lives in the process and dies with it),
+//! the value is in `fief:key/storage`: `incr` answers only once the new
+//! value is committed, so an answered `incr` survives a crash, a fence, an
+//! idle stop, a move and a restart of the node (with durable storage: a
+//! `data_dir`, or PostgreSQL). No handoff state is needed: the next process
+//! loads the value.
+
+use fief_guest::{Json, Key, export_key, storage};
+
+/// The name the value is stored under.
+const COUNT: &str = "count";
+
+/// One key's counter: nothing in memory but what storage holds.
+struct StoredCounter;
+
+impl StoredCounter {
+    fn value() -> Result<u64, String> {
+        storage::get_as::<Json, u64>(COUNT)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| format!("stored-counter: cannot read the count: {e}"))
+    }
+}
+
+impl Key for StoredCounter {
+    fn init(_key: &str, _handoff: Option<Vec<u8>>) -> Result<Self, String> {
+        Ok(StoredCounter)
+    }
+
+    fn handle_call(&mut self, message: Vec<u8>) -> Result<Vec<u8>, String> {
+        let value = match message.as_slice() {
+            b"incr" => {
+                let value = Self::value()? + 1;
+                storage::put_as::<Json, _>(COUNT, &value)
+                    .map_err(|e| format!("stored-counter: cannot store the count: {e}"))?;
+                value
+            }
+            b"get" => Self::value()?,
+            b"reset" => {
+                storage::delete(COUNT)
+                    .map_err(|e| format!("stored-counter: cannot reset the count: {e}"))?;
+                0
+            }
+            other => {
+                return Err(format!(
+                    "stored-counter: unknown message {:?}; expected incr, get or reset",
+                    String::from_utf8_lossy(other)
+                ));
+            }
+        };
+        Ok(value.to_string().into_bytes())
+    }
+}
+
+export_key!(StoredCounter);

@@ -1,0 +1,258 @@
+//! The embedded backend: durable key state in a redb database, a file in the
+//! node's data directory (or memory, for a library node without one). One
+//! file is one namespace: every node that shares it (an in-process test
+//! cluster sharing one [`EmbeddedBackend`]) shares its fence tokens.
+//!
+//! It owns the file's tables and their transactions: a round is one redb
+//! write transaction committed with [`Durability::Immediate`], so one fsync
+//! per round whatever its number of commits (the group commit). redb is
+//! synchronous, so every transaction runs on tokio's blocking pool. It must
+//! not decide anything but what `super::plan` decides.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::backends::InMemoryBackend;
+use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::plan;
+use super::{Backend, BackendError, BoxFuture, KeyScope, Loaded, Round, RoundResult, Write};
+
+/// The fence token of each partition.
+const FENCES: TableDefinition<u32, u64> = TableDefinition::new("fief_storage_fences");
+/// The entries, keyed by (module, key, name): redb compares `&str` (and
+/// tuples of them, element by element) in byte order, so a key's names are
+/// contiguous and sorted.
+const ENTRIES: TableDefinition<(&str, &str, &str), &[u8]> =
+    TableDefinition::new("fief_storage_entries");
+/// The bytes stored per tenant.
+const USAGE: TableDefinition<&str, u64> = TableDefinition::new("fief_storage_usage");
+
+/// One entry: name and value.
+type Entry = (String, Vec<u8>);
+
+/// The entries table, as a write transaction opens it.
+type Entries<'t> = redb::Table<'t, (&'static str, &'static str, &'static str), &'static [u8]>;
+
+/// Durable key state in a redb database (see the module docs).
+pub struct EmbeddedBackend {
+    db: Arc<Database>,
+    /// The file, or `None` in memory.
+    path: Option<PathBuf>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable(format!("embedded store: {e}"))
+}
+
+impl EmbeddedBackend {
+    /// Open the database at `path`, creating it (and its parent directory)
+    /// if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unavailable`] when the directory cannot be created,
+    /// the file is locked by another process (another node on the same
+    /// data directory), or it is not a redb database.
+    pub fn open(path: &Path) -> Result<Self, BackendError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                unavailable(format!("creating the directory {}: {e}", dir.display()))
+            })?;
+        }
+        let db = Database::create(path).map_err(|e| match e {
+            DatabaseError::DatabaseAlreadyOpen => unavailable(format!(
+                "{} is locked: another process (another node on the same data directory?) has it open",
+                path.display()
+            )),
+            e => unavailable(format!(
+                "{} cannot be opened as a redb database: {e}",
+                path.display()
+            )),
+        })?;
+        Self::ready(db, Some(path.to_owned()))
+    }
+
+    /// A database in memory: what a library node with no data directory
+    /// uses. Not durable: its state is gone with the node.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unavailable`] if redb cannot set it up (it only
+    /// allocates).
+    pub fn in_memory() -> Result<Self, BackendError> {
+        let db = Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .map_err(unavailable)?;
+        Self::ready(db, None)
+    }
+
+    /// Create the tables, so that a read of a new database finds them.
+    fn ready(db: Database, path: Option<PathBuf>) -> Result<Self, BackendError> {
+        let txn = db.begin_write().map_err(unavailable)?;
+        txn.open_table(FENCES).map_err(unavailable)?;
+        txn.open_table(ENTRIES).map_err(unavailable)?;
+        txn.open_table(USAGE).map_err(unavailable)?;
+        txn.commit().map_err(unavailable)?;
+        Ok(EmbeddedBackend {
+            db: Arc::new(db),
+            path,
+        })
+    }
+
+    /// Run `f` on the database on tokio's blocking pool.
+    fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, redb::Error> + Send + 'static,
+    ) -> BoxFuture<'_, Result<T, BackendError>> {
+        let db = Arc::clone(&self.db);
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || f(&db))
+                .await
+                .map_err(|e| unavailable(format!("the storage thread failed: {e}")))?
+                .map_err(unavailable)
+        })
+    }
+}
+
+/// The first (module, key, name) after every entry of `scope`: the key's
+/// successor in byte order is `key` followed by a NUL.
+fn after_scope(scope: &KeyScope) -> String {
+    format!("{}\0", scope.key)
+}
+
+/// Up to `limit` entries of `scope` from name `start` on whose names start
+/// with `prefix`, sorted.
+fn scan(
+    table: &impl ReadableTable<(&'static str, &'static str, &'static str), &'static [u8]>,
+    scope: &KeyScope,
+    start: &str,
+    prefix: &str,
+    limit: usize,
+) -> Result<Vec<Entry>, redb::Error> {
+    let (module, key) = (scope.module.as_str(), scope.key.as_str());
+    let end = after_scope(scope);
+    let mut out = Vec::new();
+    for item in table.range((module, key, start)..(module, end.as_str(), ""))? {
+        if out.len() >= limit {
+            break;
+        }
+        let (name, value) = item?;
+        let (_, _, name) = name.value();
+        if !name.starts_with(prefix) {
+            break;
+        }
+        out.push((name.to_owned(), value.value().to_vec()));
+    }
+    Ok(out)
+}
+
+/// Apply one landed commit's writes, in order.
+fn apply(entries: &mut Entries<'_>, scope: &KeyScope, writes: &[Write]) -> Result<(), redb::Error> {
+    let (module, key) = (scope.module.as_str(), scope.key.as_str());
+    let end_of_scope = after_scope(scope);
+    for write in writes {
+        match write {
+            Write::Put { name, value } => {
+                entries.insert((module, key, name.as_str()), value.as_slice())?;
+            }
+            Write::Delete { name } => {
+                entries.remove((module, key, name.as_str()))?;
+            }
+            Write::DeleteRange { start, end } => {
+                let end = match end {
+                    Some(end) if end <= start => continue,
+                    Some(end) => (module, key, end.as_str()),
+                    None => (module, end_of_scope.as_str(), ""),
+                };
+                entries.retain_in((module, key, start.as_str())..end, |_, _| false)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One round in one write transaction (see the module header of
+/// `crate::storage`).
+fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)?;
+    let result = {
+        let mut fences = txn.open_table(FENCES)?;
+        let mut entries = txn.open_table(ENTRIES)?;
+        let mut usage_table = txn.open_table(USAGE)?;
+
+        let mut tokens = BTreeMap::new();
+        for p in plan::partitions(round) {
+            if let Some(token) = fences.get(p)? {
+                tokens.insert(p, token.value());
+            }
+        }
+        let decisions = plan::decide(round, &tokens);
+        for (p, token) in &decisions.raised {
+            fences.insert(p, token)?;
+        }
+
+        let mut usage = BTreeMap::new();
+        for tenant in plan::landed_tenants(round, &decisions) {
+            let bytes = usage_table.get(tenant.as_str())?.map_or(0, |b| b.value());
+            usage.insert(tenant, bytes);
+        }
+        let after = plan::usage_after(round, &decisions, &mut usage);
+        for commit in decisions.landed(round) {
+            apply(&mut entries, &commit.scope, &commit.writes)?;
+        }
+        for (tenant, bytes) in &usage {
+            usage_table.insert(tenant.as_str(), bytes)?;
+        }
+
+        let mut loaded = Vec::new();
+        for (load, stale) in round.loads.iter().zip(&decisions.loads) {
+            if stale.is_some() {
+                continue;
+            }
+            let tenant = load.scope.tenant();
+            let tenant_bytes = match usage.get(tenant) {
+                Some(bytes) => *bytes,
+                None => usage_table.get(tenant)?.map_or(0, |b| b.value()),
+            };
+            loaded.push(Loaded {
+                entries: scan(&entries, &load.scope, "", "", usize::MAX)?,
+                tenant_bytes,
+            });
+        }
+        plan::result(&decisions, after, loaded)
+    };
+    txn.commit()?;
+    Ok(result)
+}
+
+impl Backend for EmbeddedBackend {
+    fn describe(&self) -> String {
+        match &self.path {
+            Some(path) => format!("embedded {}", path.display()),
+            None => "embedded in memory (not durable)".to_owned(),
+        }
+    }
+
+    fn round(&self, round: Round) -> BoxFuture<'_, Result<RoundResult, BackendError>> {
+        if round.commits.is_empty() && round.loads.is_empty() {
+            return Box::pin(async { Ok(RoundResult::default()) });
+        }
+        self.blocking(move |db| run_round(db, &round))
+    }
+
+    fn read(
+        &self,
+        scope: KeyScope,
+        prefix: String,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<Entry>, BackendError>> {
+        self.blocking(move |db| {
+            let txn = db.begin_read()?;
+            let entries = txn.open_table(ENTRIES)?;
+            scan(&entries, &scope, &prefix, &prefix, limit as usize)
+        })
+    }
+}

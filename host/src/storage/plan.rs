@@ -1,0 +1,167 @@
+//! The decisions of one round that every backend takes the same way, on
+//! values it has read (and locked) in the round's transaction: which commits
+//! land and which loads are stale against the partitions' fence tokens, which
+//! tokens the loads raise, and the tenants' usage after each commit. It owns
+//! only these pure functions; it must not read or write a store (the
+//! backends do, in their transaction).
+
+use std::collections::BTreeMap;
+
+use super::{Commit, Loaded, Outcome, Round, RoundResult};
+
+/// What the fence check decided for one round.
+#[derive(Debug, Default)]
+pub(super) struct Decisions {
+    /// Per commit, in order: `None` if it lands, `Some(current)` if stale.
+    pub commits: Vec<Option<u64>>,
+    /// Per load, in order: `None` if it is served, `Some(current)` if stale.
+    pub loads: Vec<Option<u64>>,
+    /// The fence tokens the loads raised: partition → new token.
+    pub raised: BTreeMap<u32, u64>,
+}
+
+impl Decisions {
+    /// The commits that land, in order.
+    pub fn landed<'r>(&self, round: &'r Round) -> impl Iterator<Item = &'r Commit> {
+        round
+            .commits
+            .iter()
+            .zip(&self.commits)
+            .filter(|(_, stale)| stale.is_none())
+            .map(|(commit, _)| commit)
+    }
+}
+
+/// Every partition the round touches, ascending and without repeats (the
+/// order in which a backend locks their fence rows).
+pub(super) fn partitions(round: &Round) -> Vec<u32> {
+    let mut out: Vec<u32> = round
+        .commits
+        .iter()
+        .map(|c| c.fence.partition)
+        .chain(round.loads.iter().map(|l| l.fence.partition))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The fence check of the module header, on the stored `tokens` (a
+/// partition absent from it has token 0): commits first, each landing only
+/// on its own token; then loads in order, each refused when the token is
+/// already higher and raising it otherwise.
+pub(super) fn decide(round: &Round, tokens: &BTreeMap<u32, u64>) -> Decisions {
+    let stored = |p: u32| tokens.get(&p).copied().unwrap_or(0);
+    let commits = round
+        .commits
+        .iter()
+        .map(|c| {
+            let current = stored(c.fence.partition);
+            (current != c.fence.token).then_some(current)
+        })
+        .collect();
+    let mut raised = BTreeMap::new();
+    let loads = round
+        .loads
+        .iter()
+        .map(|l| {
+            let p = l.fence.partition;
+            let current = raised.get(&p).copied().unwrap_or_else(|| stored(p));
+            if current > l.fence.token {
+                return Some(current);
+            }
+            if current < l.fence.token {
+                raised.insert(p, l.fence.token);
+            }
+            None
+        })
+        .collect();
+    Decisions {
+        commits,
+        loads,
+        raised,
+    }
+}
+
+/// Every tenant whose usage the landed commits change, ascending and without
+/// repeats (the order in which a backend locks their usage rows).
+pub(super) fn landed_tenants(round: &Round, decisions: &Decisions) -> Vec<String> {
+    let mut out: Vec<String> = decisions
+        .landed(round)
+        .map(|c| c.scope.tenant().to_owned())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// A tenant's usage after a commit of `delta` bytes (never below zero nor
+/// past `u64::MAX`).
+pub(super) fn add(bytes: u64, delta: i64) -> u64 {
+    bytes.saturating_add_signed(delta)
+}
+
+/// Apply the landed commits' byte deltas in order to `usage` (tenant →
+/// bytes; a tenant absent from it has 0): the tenant's usage after each
+/// commit, `None` for a stale one.
+pub(super) fn usage_after(
+    round: &Round,
+    decisions: &Decisions,
+    usage: &mut BTreeMap<String, u64>,
+) -> Vec<Option<u64>> {
+    round
+        .commits
+        .iter()
+        .zip(&decisions.commits)
+        .map(|(c, stale)| {
+            if stale.is_some() {
+                return None;
+            }
+            let bytes = usage.entry(c.scope.tenant().to_owned()).or_insert(0);
+            *bytes = add(*bytes, c.bytes_delta);
+            Some(*bytes)
+        })
+        .collect()
+}
+
+/// The round's answer: the commits' outcomes from `decisions` and
+/// `after` (see [`usage_after`]), and the loads' from `decisions` and
+/// `loaded` (one per served load, in order).
+pub(super) fn result(
+    decisions: &Decisions,
+    after: Vec<Option<u64>>,
+    loaded: impl IntoIterator<Item = Loaded>,
+) -> RoundResult {
+    let commits = decisions
+        .commits
+        .iter()
+        .zip(after)
+        .map(|(stale, bytes)| match (stale, bytes) {
+            (None, Some(bytes)) => Outcome::Done(bytes),
+            (stale, _) => Outcome::Stale {
+                current: stale.unwrap_or(0),
+            },
+        })
+        .collect();
+    let mut loaded = loaded.into_iter();
+    let loads = decisions
+        .loads
+        .iter()
+        .map(|stale| match stale {
+            Some(current) => Outcome::Stale { current: *current },
+            None => Outcome::Done(loaded.next().unwrap_or_default()),
+        })
+        .collect();
+    RoundResult { commits, loads }
+}
+
+/// The first string after every string that starts with `prefix`, in byte
+/// order (`None`: no such bound, every later string starts with it). UTF-8
+/// never holds `0xff`, so incrementing the last byte is enough; the result
+/// may not be UTF-8 and is meant for byte comparisons only.
+pub(super) fn prefix_end(prefix: &str) -> Option<Vec<u8>> {
+    let mut end = prefix.as_bytes().to_vec();
+    let last = end.pop()?;
+    end.push(last + 1);
+    Some(end)
+}

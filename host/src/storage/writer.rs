@@ -1,0 +1,292 @@
+//! Group commit: the node's one pipeline to its storage backend.
+//!
+//! Key processes hand their loads and commits to the [`StorageWriter`],
+//! which gathers whatever is waiting into one [`Round`] (one transaction,
+//! one fsync) and runs rounds one after another. One round at a time keeps
+//! the order a single node needs: a commit handed over before a load of the
+//! same key is in that load's round or an earlier one, and a round applies
+//! its commits before it reads its loads — so a key's next process on this
+//! node always loads what its previous process committed, even though the
+//! ownership token did not change between them.
+//!
+//! It also keeps the node's view of each tenant's stored bytes (what the
+//! store answered last), which writes are checked against, and the storage
+//! metrics. It must not decide whether a process may write (the output gate
+//! and the backend's fence check do) and holds no key state.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Backend, BackendError, Commit, Load, Loaded, Outcome, Round};
+
+/// Most commits and loads in one round.
+const MAX_ROUND_REQUESTS: usize = 1024;
+
+/// Most bytes of written values in one round; a commit past it waits for
+/// the next round (a single larger commit gets a round of its own).
+const MAX_ROUND_BYTES: usize = 16 * 1024 * 1024;
+
+/// Longest a round may take before its waiters are told the store is
+/// unavailable. The round may still land later: a commit's caller then
+/// learns "unknown", never a false "not written" (see `Error::StorageUnavailable`).
+pub(crate) const ROUND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The storage series of a node's metrics.
+#[derive(Clone)]
+pub(crate) struct StorageMetrics {
+    commits: Family<[(&'static str, &'static str); 1], Counter>,
+    loads: Family<[(&'static str, &'static str); 1], Counter>,
+    commit_seconds: Histogram,
+    round_size: Histogram,
+    tenant_bytes: Family<[(&'static str, String); 1], Gauge>,
+}
+
+impl StorageMetrics {
+    /// Fresh series, registered in `registry`.
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let metrics = StorageMetrics {
+            commits: Family::default(),
+            loads: Family::default(),
+            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            round_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            tenant_bytes: Family::default(),
+        };
+        registry.register(
+            "storage_commits",
+            "Commits of key state by outcome: ok, stale (refused: the process's ownership ended, a newer owner loaded the key), failed (the store did not answer or failed)",
+            metrics.commits.clone(),
+        );
+        registry.register(
+            "storage_loads",
+            "Loads of key state by outcome: ok, stale, failed",
+            metrics.loads.clone(),
+        );
+        registry.register(
+            "storage_commit_duration_seconds",
+            "Time from a commit's hand-over to its answer (waiting for its round included)",
+            metrics.commit_seconds.clone(),
+        );
+        registry.register(
+            "storage_round_size",
+            "Commits and loads in one storage round (one transaction)",
+            metrics.round_size.clone(),
+        );
+        registry.register(
+            "storage_tenant_bytes",
+            "Bytes stored for a tenant (names plus values), as the store last answered this node, by tenant (\"\": modules of no tenant)",
+            metrics.tenant_bytes.clone(),
+        );
+        metrics
+    }
+}
+
+enum Request {
+    Commit(
+        Commit,
+        Instant,
+        oneshot::Sender<Result<Outcome<u64>, BackendError>>,
+    ),
+    Load(Load, oneshot::Sender<Result<Outcome<Loaded>, BackendError>>),
+}
+
+impl Request {
+    fn bytes(&self) -> usize {
+        match self {
+            Request::Commit(commit, ..) => commit
+                .writes
+                .iter()
+                .map(|w| match w {
+                    super::Write::Put { name, value } => name.len() + value.len(),
+                    super::Write::Delete { name } => name.len(),
+                    super::Write::DeleteRange { start, end } => {
+                        start.len() + end.as_ref().map_or(0, String::len)
+                    }
+                })
+                .sum(),
+            Request::Load(..) => 0,
+        }
+    }
+}
+
+/// The node's pipeline to its backend (see the module header).
+pub(crate) struct StorageWriter {
+    tx: mpsc::UnboundedSender<Request>,
+    backend: Arc<dyn Backend>,
+    tenants: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl StorageWriter {
+    /// Start the pipeline on the current tokio runtime.
+    pub(crate) fn start(backend: Arc<dyn Backend>, metrics: StorageMetrics) -> Arc<Self> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let tenants = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(run(backend.clone(), rx, tenants.clone(), metrics));
+        Arc::new(StorageWriter {
+            tx,
+            backend,
+            tenants,
+        })
+    }
+
+    /// The backend, for `fief status` and operators' reads.
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Bytes `tenant` stores, as the store last answered this node.
+    pub(crate) fn tenant_bytes(&self, tenant: &str) -> u64 {
+        let tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        tenants.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Load a key's state (raising its partition's fence token).
+    pub(crate) async fn load(&self, load: Load) -> Result<Outcome<Loaded>, BackendError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Request::Load(load, tx))?;
+        answer(rx).await
+    }
+
+    /// Commit a callback's writes; answers once its round has landed.
+    pub(crate) async fn commit(&self, commit: Commit) -> Result<Outcome<u64>, BackendError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Request::Commit(commit, Instant::now(), tx))?;
+        answer(rx).await
+    }
+
+    fn send(&self, request: Request) -> Result<(), BackendError> {
+        self.tx
+            .send(request)
+            .map_err(|_| BackendError::Unavailable("the node's storage writer has stopped".into()))
+    }
+}
+
+async fn answer<T>(rx: oneshot::Receiver<Result<T, BackendError>>) -> Result<T, BackendError> {
+    rx.await.unwrap_or_else(|_| {
+        Err(BackendError::Unavailable(
+            "the node's storage writer stopped before answering".into(),
+        ))
+    })
+}
+
+/// The writer's loop: one round at a time.
+async fn run(
+    backend: Arc<dyn Backend>,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    tenants: Arc<Mutex<HashMap<String, u64>>>,
+    metrics: StorageMetrics,
+) {
+    let mut carried: Option<Request> = None;
+    loop {
+        let first = match carried.take() {
+            Some(request) => request,
+            None => match rx.recv().await {
+                Some(request) => request,
+                None => return,
+            },
+        };
+        let mut bytes = first.bytes();
+        let mut requests = vec![first];
+        while requests.len() < MAX_ROUND_REQUESTS {
+            let Ok(next) = rx.try_recv() else { break };
+            let size = next.bytes();
+            if bytes + size > MAX_ROUND_BYTES {
+                carried = Some(next);
+                break;
+            }
+            bytes += size;
+            requests.push(next);
+        }
+        run_round(&*backend, requests, &tenants, &metrics).await;
+    }
+}
+
+/// Run one round and answer its waiters.
+async fn run_round(
+    backend: &dyn Backend,
+    requests: Vec<Request>,
+    tenants: &Mutex<HashMap<String, u64>>,
+    metrics: &StorageMetrics,
+) {
+    metrics.round_size.observe(requests.len() as f64);
+    let mut round = Round::default();
+    let (mut commit_waiters, mut load_waiters) = (Vec::new(), Vec::new());
+    for request in requests {
+        match request {
+            Request::Commit(commit, since, tx) => {
+                commit_waiters.push((commit.scope.tenant().to_owned(), since, tx));
+                round.commits.push(commit);
+            }
+            Request::Load(load, tx) => {
+                load_waiters.push((load.scope.tenant().to_owned(), tx));
+                round.loads.push(load);
+            }
+        }
+    }
+    let result = match tokio::time::timeout(ROUND_TIMEOUT, backend.round(round)).await {
+        Ok(result) => result,
+        Err(_) => Err(BackendError::Unavailable(format!(
+            "the store did not answer within {ROUND_TIMEOUT:?}"
+        ))),
+    };
+    let result = match result {
+        Ok(result) => result,
+        Err(error) => {
+            for (_, since, tx) in commit_waiters {
+                metrics
+                    .commits
+                    .get_or_create(&[("outcome", "failed")])
+                    .inc();
+                metrics
+                    .commit_seconds
+                    .observe(since.elapsed().as_secs_f64());
+                let _ = tx.send(Err(error.clone()));
+            }
+            for (_, tx) in load_waiters {
+                metrics.loads.get_or_create(&[("outcome", "failed")]).inc();
+                let _ = tx.send(Err(error.clone()));
+            }
+            return;
+        }
+    };
+    let learnt = |tenant: &str, bytes: u64| {
+        metrics
+            .tenant_bytes
+            .get_or_create(&[("tenant", tenant.to_owned())])
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let mut tenants = tenants.lock().unwrap_or_else(|e| e.into_inner());
+        tenants.insert(tenant.to_owned(), bytes);
+    };
+    for ((tenant, since, tx), outcome) in commit_waiters.into_iter().zip(result.commits) {
+        let label = match &outcome {
+            Outcome::Done(bytes) => {
+                learnt(&tenant, *bytes);
+                "ok"
+            }
+            Outcome::Stale { .. } => "stale",
+        };
+        metrics.commits.get_or_create(&[("outcome", label)]).inc();
+        metrics
+            .commit_seconds
+            .observe(since.elapsed().as_secs_f64());
+        let _ = tx.send(Ok(outcome));
+    }
+    for ((tenant, tx), outcome) in load_waiters.into_iter().zip(result.loads) {
+        let label = match &outcome {
+            Outcome::Done(loaded) => {
+                learnt(&tenant, loaded.tenant_bytes);
+                "ok"
+            }
+            Outcome::Stale { .. } => "stale",
+        };
+        metrics.loads.get_or_create(&[("outcome", label)]).inc();
+        let _ = tx.send(Ok(outcome));
+    }
+}
