@@ -3,7 +3,8 @@
 //! traps at the next epoch tick and its caller gets an error; a spinning key
 //! does not stop other keys from being served; a key over its CPU limit is
 //! killed without help; nothing a killed key armed (timers, subscriptions)
-//! has any effect afterwards; and the next message starts a fresh process.
+//! has any effect afterwards; and the next message starts a fresh process,
+//! even when it is sent the moment the caller hears of the death.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -151,6 +152,31 @@ async fn the_next_message_to_a_killed_key_starts_a_fresh_process() {
     })
     .await;
     assert_eq!(call_text(&node, "spin", "s", "ping").await, "pong");
+}
+
+/// A caller told its key died may retry at once: the answer comes only
+/// once the dead process is gone, so the retry starts a fresh one instead
+/// of finding the ending one ("the message was not processed"). The key is
+/// idle, so each trapping call runs inline on this task; repeated because
+/// the key's task, left to run late, loses the race only sometimes.
+#[tokio::test]
+async fn a_call_right_after_a_trap_reaches_a_fresh_process() {
+    let node = node_with(&[("probe", guests::PROBE)]).await;
+    for round in 0..20 {
+        assert_eq!(call_text(&node, "probe", "k", "ping").await, "pong");
+        let err = node
+            .call("probe", "k", b"panic".to_vec())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::KeyDied(_)), "round {round}: {err}");
+        let retry = node.call("probe", "k", b"ping".to_vec()).await;
+        assert_eq!(
+            retry.map_err(|e| e.to_string()),
+            Ok(b"pong".to_vec()),
+            "round {round}: the retry right after the trap"
+        );
+    }
+    node.shutdown().await;
 }
 
 #[tokio::test]

@@ -268,9 +268,17 @@ impl ModuleSlot {
                 control.touch();
                 self.inline_calls.inc();
                 let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
-                let mut call = InlineCall::new(future, control, cpu);
+                let mut call = InlineCall::new(future, control.clone(), cpu);
                 let reply = (&mut call).await;
                 super::inline::yield_after_inline(call.spent()).await;
+                // The call killed the process: answer once the key's task has
+                // dropped the store and removed the entry, so a caller that
+                // retries at once starts a fresh process instead of finding
+                // the ending one (as a death in the key's task answers, see
+                // `LastWord`).
+                if control.death().is_some() {
+                    control.exited().await;
+                }
                 return reply;
             }
         }
