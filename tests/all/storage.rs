@@ -154,6 +154,81 @@ async fn a_callback_that_traps_commits_none_of_its_writes() {
     node.shutdown().await;
 }
 
+/// A node's embedded arbiter starts afresh at every node start, but its
+/// durable store does not: an earlier run may have raised the store's fence
+/// tokens past the tokens a fresh table starts with (a fence and rejoin, a
+/// move, a run of another node id). The arbiter numbers its tables after
+/// the store's highest fence token, so the restarted node's loads are not
+/// refused as stale and its keys run, with their state.
+#[tokio::test]
+async fn a_restarted_embedded_node_grants_tokens_above_what_its_store_has_seen() {
+    use fief::storage::{Backend, Commit, EmbeddedBackend, Fence, KeyScope, Load, Round, Write};
+    let dir = tempfile::tempdir().expect("a data directory");
+    let mut config = test_config();
+    config.data_dir = Some(dir.path().to_owned());
+    config.storage = Some("embedded".to_owned());
+    // The earlier run: every partition was last loaded under token 7, and
+    // counter/alice committed 41 under it.
+    {
+        let store = EmbeddedBackend::open(&dir.path().join("state.redb")).expect("the store");
+        let alice = KeyScope {
+            module: "counter".to_owned(),
+            key: "alice".to_owned(),
+        };
+        let at = |partition: u32| Fence {
+            partition,
+            token: 7,
+        };
+        let partitions = config.partition_count();
+        let loads = partitions
+            .iter()
+            .map(|p| Load {
+                scope: alice.clone(),
+                fence: at(p.0),
+            })
+            .collect();
+        let commit = Commit {
+            scope: alice.clone(),
+            fence: at(partitions.of("alice").0),
+            writes: vec![Write::Put {
+                name: "count".to_owned(),
+                value: b"41".to_vec(),
+            }],
+            bytes_delta: 7,
+        };
+        for round in [
+            Round {
+                loads,
+                ..Round::default()
+            },
+            Round {
+                commits: vec![commit],
+                ..Round::default()
+            },
+        ] {
+            store.round(round).await.expect("the earlier run's round");
+        }
+    }
+    let node = fief_tests::node_with_options(
+        config,
+        &[
+            ("counter", guests::STORED_COUNTER, ModuleOptions::default()),
+            ("probe", guests::PROBE, ModuleOptions::default()),
+        ],
+    )
+    .await;
+    assert_eq!(call_text(&node, "counter", "alice", "incr").await, "42");
+    let token: u64 = call_text(&node, "probe", "p", "token")
+        .await
+        .parse()
+        .expect("a token");
+    assert!(
+        token > 7,
+        "the fresh arbiter's tokens start above 7: {token}"
+    );
+    node.shutdown().await;
+}
+
 /// The output gate: a reply, a cast, a publication and a timer that follow
 /// a write leave only once the write is committed.
 #[tokio::test]

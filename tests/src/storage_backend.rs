@@ -90,4 +90,8 @@ impl Backend for ControlledBackend {
     ) -> BoxFuture<'_, Result<Entries, BackendError>> {
         self.inner.read(scope, prefix, limit)
     }
+
+    fn highest_fence_token(&self) -> BoxFuture<'_, Result<u64, BackendError>> {
+        self.inner.highest_fence_token()
+    }
 }

@@ -98,6 +98,20 @@ impl ArbiterState {
         }
     }
 
+    /// An empty namespace whose tables are numbered after `epoch`: the
+    /// first table it makes has epoch `epoch + 1`, so every ownership token
+    /// it grants is above `epoch`. For an arbiter that starts afresh on a
+    /// store that has seen tokens up to `epoch` (see `fief`'s
+    /// `Backend::highest_fence_token`).
+    pub fn numbered_after(partitions: PartitionCount, epoch: u64) -> Self {
+        let owners = vec![None; partitions.get() as usize];
+        ArbiterState {
+            table: OwnershipTable::from_parts(partitions, epoch, owners)
+                .expect("no owners, one entry per partition"),
+            ..ArbiterState::new(partitions)
+        }
+    }
+
     /// Mutation for the simulation's checker test: judge a lease expired
     /// after `percent`% of its TTL instead of all of it.
     #[cfg(any(test, feature = "sim"))]

@@ -60,6 +60,8 @@ struct State {
 pub struct LocalArbiter {
     clock: Arc<dyn Clock>,
     partitions: PartitionCount,
+    /// Every namespace's tables are numbered after this epoch.
+    numbered_after: u64,
     state: Arc<Mutex<State>>,
 }
 
@@ -69,8 +71,21 @@ impl LocalArbiter {
         LocalArbiter {
             clock,
             partitions,
+            numbered_after: 0,
             state: Arc::new(Mutex::new(State::default())),
         }
+    }
+
+    /// Number every namespace's tables after `epoch`, so every ownership
+    /// token this arbiter grants is above it. A node whose embedded arbiter
+    /// starts afresh on a durable store passes the store's highest fence
+    /// token: an earlier run may have granted tokens up to it (after a fence
+    /// and rejoin, a restart), and a load under a lower token would be
+    /// refused as stale forever.
+    #[must_use]
+    pub fn numbered_after(mut self, epoch: u64) -> Self {
+        self.numbered_after = epoch;
+        self
     }
 
     /// Make `node` unable (or able again) to reach the arbiter.
@@ -103,12 +118,12 @@ impl LocalArbiter {
                 "this node is cut off from the arbiter".to_owned(),
             ))
         } else {
-            let partitions = self.partitions;
+            let (partitions, after) = (self.partitions, self.numbered_after);
             state
                 .namespaces
                 .entry(namespace.to_owned())
                 .or_insert_with(|| Namespace {
-                    state: ArbiterState::new(partitions),
+                    state: ArbiterState::numbered_after(partitions, after),
                     modules: BTreeMap::new(),
                 });
             f(&mut state, now)

@@ -393,7 +393,7 @@ impl NodeConfig {
     }
 
     /// The partition count, as the core's type.
-    pub(crate) fn partition_count(&self) -> PartitionCount {
+    pub fn partition_count(&self) -> PartitionCount {
         PartitionCount::new(self.partitions).unwrap_or_default()
     }
 }

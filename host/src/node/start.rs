@@ -109,10 +109,24 @@ impl InstanceBuilder {
         config.validate()?;
         let timing = config.lease_timing()?;
         let clock: Arc<dyn NodeClock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        let backend = match self.storage {
+            Some(backend) => backend,
+            None => crate::storage::open(&config).await?,
+        };
         let arbiter: Arc<dyn Arbiter> = match self.arbiter {
             Some(arbiter) => arbiter,
             None if config.arbiter == "local" => {
-                Arc::new(LocalArbiter::new(clock.clone(), config.partition_count()))
+                // A fresh embedded arbiter on a store that outlived an
+                // earlier run: grant tokens above every one it has seen.
+                let seen = backend.highest_fence_token().await.map_err(|e| {
+                    Error::Config(format!(
+                        "cannot read the storage's fence tokens ({}): {e}",
+                        backend.describe()
+                    ))
+                })?;
+                Arc::new(
+                    LocalArbiter::new(clock.clone(), config.partition_count()).numbered_after(seen),
+                )
             }
             None => Arc::new(
                 PostgresArbiter::connect(
@@ -123,10 +137,6 @@ impl InstanceBuilder {
                 .await
                 .map_err(|e| Error::Config(format!("cannot use the arbiter: {e}")))?,
             ),
-        };
-        let backend = match self.storage {
-            Some(backend) => backend,
-            None => crate::storage::open(&config).await?,
         };
         let metrics = crate::metrics::Metrics::new();
         let storage = crate::storage::writer::StorageWriter::start(backend, metrics.storage());

@@ -550,6 +550,19 @@ async fn scopes_are_isolated(b: &dyn Backend) {
     }
 }
 
+async fn the_highest_fence_token_is_the_top_of_every_partition(b: &dyn Backend) {
+    let token = || async { b.highest_fence_token().await.expect("the highest token") };
+    assert_eq!(token().await, 0, "a new store");
+    let s = scope("acme/m", "k");
+    load(b, &s, fence(3, 4)).await;
+    load(b, &s, fence(9, 11)).await;
+    load(b, &s, fence(5, 6)).await;
+    assert_eq!(token().await, 11);
+    // A stale load raises nothing.
+    load(b, &s, fence(9, 2)).await;
+    assert_eq!(token().await, 11);
+}
+
 /// Instantiate every rule for one backend, as a module of tests.
 macro_rules! rules_for {
     ($kind:ident: $($rule:ident),* $(,)?) => {
@@ -582,6 +595,7 @@ macro_rules! contract {
                 read_by_prefix_with_limit_raises_no_fence,
                 names_sort_in_byte_order,
                 scopes_are_isolated,
+                the_highest_fence_token_is_the_top_of_every_partition,
             );
         )*
     };

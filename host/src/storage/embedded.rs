@@ -255,4 +255,16 @@ impl Backend for EmbeddedBackend {
             scan(&entries, &scope, &prefix, &prefix, limit as usize)
         })
     }
+
+    fn highest_fence_token(&self) -> BoxFuture<'_, Result<u64, BackendError>> {
+        self.blocking(|db| {
+            let txn = db.begin_read()?;
+            let fences = txn.open_table(FENCES)?;
+            let mut highest = 0;
+            for row in fences.iter()? {
+                highest = highest.max(row?.1.value());
+            }
+            Ok(highest)
+        })
+    }
 }

@@ -200,6 +200,14 @@ pub trait Backend: Send + Sync + 'static {
         prefix: String,
         limit: u32,
     ) -> BoxFuture<'_, Result<Entries, BackendError>>;
+
+    /// The highest fence token stored for any partition (0 for a new
+    /// store). An arbiter that starts afresh on an existing store (the
+    /// embedded one, at every node start) numbers its tables above it, so
+    /// the ownership tokens it grants are never below a token the store has
+    /// seen: otherwise every load would be refused as stale and the keys
+    /// could never run again.
+    fn highest_fence_token(&self) -> BoxFuture<'_, Result<u64, BackendError>>;
 }
 
 /// The backend a node's configuration names (`storage`, `data_dir`; see

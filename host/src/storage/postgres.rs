@@ -347,12 +347,15 @@ enum Op<'a> {
     Round(&'a Round),
     /// An operator's read: scope, prefix, limit.
     Read(&'a KeyScope, &'a str, u32),
+    /// The namespace's highest fence token.
+    HighestFence,
 }
 
 /// What an [`Op`] answers.
 enum Answer {
     Round(RoundResult),
     Read(Entries),
+    Token(u64),
 }
 
 impl Op<'_> {
@@ -363,6 +366,19 @@ impl Op<'_> {
                 let result = run_round(&tx, &conn.st, ns, round).await?;
                 tx.commit().await?;
                 Ok(Answer::Round(result))
+            }
+            Op::HighestFence => {
+                let row = conn
+                    .client
+                    .query_one(
+                        "SELECT COALESCE(MAX(token), 0) FROM fief_storage_fences
+                         WHERE namespace = $1",
+                        &[&ns],
+                    )
+                    .await?;
+                // The same 64 bits as stored (see `stored`); tokens are table
+                // epochs, far below 2^63, so the signed MAX orders them.
+                Ok(Answer::Token(row.get::<_, i64>(0) as u64))
             }
             Op::Read(scope, prefix, limit) => {
                 let end = plan::prefix_end(prefix);
@@ -619,7 +635,7 @@ impl Backend for PostgresBackend {
             }
             match self.with(Op::Round(&round)).await? {
                 Answer::Round(result) => Ok(result),
-                Answer::Read(_) => unreachable!("a round answers a round"),
+                _ => unreachable!("a round answers a round"),
             }
         })
     }
@@ -633,7 +649,16 @@ impl Backend for PostgresBackend {
         Box::pin(async move {
             match self.with(Op::Read(&scope, &prefix, limit)).await? {
                 Answer::Read(entries) => Ok(entries),
-                Answer::Round(_) => unreachable!("a read answers a read"),
+                _ => unreachable!("a read answers a read"),
+            }
+        })
+    }
+
+    fn highest_fence_token(&self) -> BoxFuture<'_, Result<u64, BackendError>> {
+        Box::pin(async move {
+            match self.with(Op::HighestFence).await? {
+                Answer::Token(token) => Ok(token),
+                _ => unreachable!("a token query answers a token"),
             }
         })
     }
