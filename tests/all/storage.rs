@@ -475,3 +475,62 @@ async fn commits_and_loads_are_counted() {
     assert_eq!(value("fief_storage_tenant_bytes{tenant=\"\"}"), 5.0);
     node.shutdown().await;
 }
+
+/// Issue 19 item 3 and docs/fencing.md: a survivor of a fence (`continue`,
+/// or `callback` answered `continue`) keeps running, but its ownership has
+/// ended, so its writes are refused before they reach the store: the
+/// caller learns it, and after the node rejoins the key's next process
+/// loads what was committed before the fence. Without the refusal the
+/// survivor's commit would land, since no new owner has raised the
+/// partition's fence token yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continue_survivors_writes_are_refused_after_the_fence() {
+    use crate::fence_modes::{PATIENCE, in_limbo, local, mode};
+    use fief::LeaseState;
+    use fief::core::OnFence;
+    let config = fief::NodeConfig {
+        lease_ttl: Duration::from_secs(3),
+        renew_interval: Duration::from_millis(500),
+        fence_margin: Duration::from_secs(1),
+        call_timeout: Duration::from_secs(30),
+        ..test_config()
+    };
+    let node = Instance::builder(config)
+        .storage(ControlledBackend::new())
+        .start()
+        .await
+        .expect("the node starts");
+    node.deploy(
+        "vault",
+        &guests::bytes(guests::VAULT),
+        mode(OnFence::Continue),
+    )
+    .await
+    .expect("vault deploys");
+    assert_eq!(call_text(&node, "vault", "k", "put x 1").await, "ok");
+
+    node.inject_coordination_crash();
+    eventually(PATIENCE, "the node fences", || node.status().fences >= 1).await;
+    eventually_async(PATIENCE, "k is a survivor in limbo", || async {
+        in_limbo(&node, "vault", "k").await.is_some()
+    })
+    .await;
+    // The survivor still runs and reads its memory, but cannot write.
+    assert_eq!(
+        local(&node, "vault", "k", "get x").await.as_deref(),
+        Ok("1")
+    );
+    let refused = local(&node, "vault", "k", "put x 2").await;
+    let error = refused.expect_err("a survivor's write is refused");
+    assert!(
+        error.to_string().contains("ownership of the key has ended"),
+        "the caller is told why: {error}"
+    );
+
+    eventually_async(Duration::from_secs(30), "the node serves again", || async {
+        node.status().lease == LeaseState::Current
+            && node.call("vault", "k", b"get x".to_vec()).await == Ok(b"1".to_vec())
+    })
+    .await;
+    node.shutdown().await;
+}
