@@ -29,6 +29,10 @@
 //!   attempt superseded), kept by the node and by the simulation alike.
 //! - [`arbiter`]: the embedded arbiter's state (leases on the arbiter's clock,
 //!   terms, table writes), used by the host's local arbiter and the simulation.
+//! - [`storage_fence`]: the fence rule of durable key state (a commit lands
+//!   only on its partition's stored fence token; a load raises it, or is
+//!   refused when it is higher), run by the host's storage backends and the
+//!   simulation's store.
 //! - `sim` (tests, or the `sim` feature): the deterministic simulation of a
 //!   cluster with a seeded fault scheduler and a single-ownership checker.
 
@@ -45,6 +49,7 @@ pub mod ownership;
 pub mod partition;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
+pub mod storage_fence;
 pub mod time;
 
 pub use arbiter::{ArbiterState, LeaseId, Member, Term};

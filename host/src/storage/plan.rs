@@ -1,11 +1,15 @@
 //! The decisions of one round that every backend takes the same way, on
 //! values it has read (and locked) in the round's transaction: which commits
 //! land and which loads are stale against the partitions' fence tokens, which
-//! tokens the loads raise, and the tenants' usage after each commit. It owns
-//! only these pure functions; it must not read or write a store (the
-//! backends do, in their transaction).
+//! tokens the loads raise (the rule itself is the core's
+//! `fief_core::storage_fence`, which the simulation's store runs too), and
+//! the tenants' usage after each commit. It owns only these pure functions;
+//! it must not read or write a store (the backends do, in their
+//! transaction).
 
 use std::collections::BTreeMap;
+
+use fief_core::storage_fence;
 
 use super::{Commit, Loaded, Outcome, Round, RoundResult};
 
@@ -46,40 +50,27 @@ pub(super) fn partitions(round: &Round) -> Vec<u32> {
     out
 }
 
-/// The fence check of the module header, on the stored `tokens` (a
-/// partition absent from it has token 0): commits first, each landing only
-/// on its own token; then loads in order, each refused when the token is
-/// already higher and raising it otherwise.
+/// The fence check, on the stored `tokens` (a partition absent from it has
+/// token 0): the core's rule (`fief_core::storage_fence`, which the
+/// simulation's store runs too) — commits first, each landing only on its
+/// own token; then loads in order, each refused when the token is already
+/// higher and raising it otherwise.
 pub(super) fn decide(round: &Round, tokens: &BTreeMap<u32, u64>) -> Decisions {
-    let stored = |p: u32| tokens.get(&p).copied().unwrap_or(0);
-    let commits = round
-        .commits
-        .iter()
-        .map(|c| {
-            let current = stored(c.fence.partition);
-            (current != c.fence.token).then_some(current)
-        })
-        .collect();
-    let mut raised = BTreeMap::new();
-    let loads = round
-        .loads
-        .iter()
-        .map(|l| {
-            let p = l.fence.partition;
-            let current = raised.get(&p).copied().unwrap_or_else(|| stored(p));
-            if current > l.fence.token {
-                return Some(current);
-            }
-            if current < l.fence.token {
-                raised.insert(p, l.fence.token);
-            }
-            None
-        })
-        .collect();
+    let d = storage_fence::decide(
+        round
+            .commits
+            .iter()
+            .map(|c| (c.fence.partition, c.fence.token)),
+        round
+            .loads
+            .iter()
+            .map(|l| (l.fence.partition, l.fence.token)),
+        tokens,
+    );
     Decisions {
-        commits,
-        loads,
-        raised,
+        commits: d.commits,
+        loads: d.loads,
+        raised: d.raised,
     }
 }
 
