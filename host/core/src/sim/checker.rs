@@ -23,13 +23,21 @@
 //!   key was handed off with, unless that was legitimately lost (its
 //!   holder crashed or fenced), and never from an older one; a partition
 //!   is never handed on without a state its owner holds for it (`lives`);
+//! - **durable state** (told of every load and commit the store served,
+//!   and what it did): a commit under a token lower than one a served load
+//!   of its partition had already raised the partition to never lands
+//!   (a stale commit applied), and every served load — a new owner's first
+//!   among them — reads a value whose commit history holds every commit
+//!   the store acknowledged before it (an acknowledged commit lost). The
+//!   history is the checker's own, from each landed commit's parent (the
+//!   commit the process's copy was at), not the store's;
 //! - **liveness**: once the faults are over (the last one ended at least
 //!   [`SETTLE`] before the window) and some node can take partitions, every
 //!   key sent a message in the final [`WINDOW`] of the run gets one
 //!   processed in it, and every partition is owned by a live node at some
 //!   probe of the window.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use crate::arbiter::LeaseId;
@@ -38,6 +46,7 @@ use crate::partition::PartitionId;
 
 use super::lives::Lives;
 use super::show_us;
+use super::store::{Commit, Value};
 
 /// How long after the last fault ended the liveness window may begin.
 pub const SETTLE: Duration = Duration::from_secs(4);
@@ -64,6 +73,11 @@ pub enum Rule {
     HandoffState,
     /// After the faults, a key or a partition not served.
     Liveness,
+    /// A commit landed under a token lower than one a served load of its
+    /// partition had raised it to.
+    StaleCommitApplied,
+    /// A load read a value that misses a commit acknowledged before it.
+    AcknowledgedCommitLost,
 }
 
 /// One breach of single ownership, with the instant it happened.
@@ -106,6 +120,8 @@ pub struct Checker {
     window: Option<Window>,
     /// Key processes and handoff states.
     lives: Lives,
+    /// Loads and commits, as the store served them.
+    stored: StoreRecord,
     /// Violations found so far.
     pub violations: Vec<Violation>,
     /// Counters for the run's summary.
@@ -139,6 +155,14 @@ pub struct Stats {
     /// Messages that arrived while their key's idle process retired, and
     /// waited for its end.
     pub waited: u64,
+    /// Loads the store served.
+    pub loads: u64,
+    /// Loads the store refused as stale.
+    pub stale_loads: u64,
+    /// Commits the store acknowledged.
+    pub commits: u64,
+    /// Commits the store refused as stale.
+    pub stale_commits: u64,
 }
 
 impl Stats {
@@ -155,6 +179,57 @@ impl Stats {
         self.states += other.states;
         self.claimed += other.claimed;
         self.waited += other.waited;
+        self.loads += other.loads;
+        self.stale_loads += other.stale_loads;
+        self.commits += other.commits;
+        self.stale_commits += other.stale_commits;
+    }
+}
+
+/// A commit that landed, as the checker records it.
+#[derive(Clone, Copy, Debug)]
+struct Landed {
+    parent: u64,
+    token: u64,
+    at_us: u64,
+}
+
+/// One key's landed commits.
+#[derive(Debug, Default)]
+struct KeyHistory {
+    /// The last commit that landed (0: none).
+    head: u64,
+    /// Every landed (acknowledged) commit, in order.
+    acked: Vec<u64>,
+    /// The acknowledged commits `head` does not descend from.
+    lost: BTreeSet<u64>,
+    /// The highest token a load of the key was served under.
+    loaded: u64,
+}
+
+/// The checker's record of durable state: what the store served.
+#[derive(Debug, Default)]
+struct StoreRecord {
+    /// Per partition, the highest token a served load raised it to.
+    raised: HashMap<u32, u64>,
+    /// Every landed commit, by id (ids are dense: the store numbers them).
+    landed: Vec<Option<Landed>>,
+    keys: HashMap<String, KeyHistory>,
+}
+
+impl StoreRecord {
+    fn landed(&self, id: u64) -> Option<Landed> {
+        self.landed.get(id as usize).copied().flatten()
+    }
+
+    /// `head` and every commit it descends from.
+    fn lineage(&self, head: u64) -> HashSet<u64> {
+        let mut out = HashSet::new();
+        let mut at = head;
+        while at != 0 && out.insert(at) {
+            at = self.landed(at).map_or(0, |l| l.parent);
+        }
+        out
     }
 }
 
@@ -178,6 +253,7 @@ impl Checker {
             processed_by: HashMap::new(),
             window: None,
             lives: Lives::default(),
+            stored: StoreRecord::default(),
             violations: Vec::new(),
             stats: Stats::default(),
         }
@@ -391,6 +467,136 @@ impl Checker {
         states: impl IntoIterator<Item = (&'a str, OwnershipToken, u64)>,
     ) {
         self.lives.received(node, states);
+    }
+
+    /// The store served (`Ok`: the key's value) or refused (`Err`: the
+    /// fence token) `node`'s load of `key` of `partition` under `token`
+    /// at `at_us`.
+    pub(super) fn store_loaded(
+        &mut self,
+        at_us: u64,
+        node: &NodeId,
+        key: &str,
+        partition: u32,
+        token: u64,
+        loaded: Result<Value, u64>,
+    ) {
+        let Ok(value) = loaded else {
+            self.stats.stale_loads += 1;
+            return;
+        };
+        self.stats.loads += 1;
+        let raised = self.stored.raised.entry(partition).or_default();
+        *raised = (*raised).max(token);
+        let history = self.stored.keys.entry(key.to_owned()).or_default();
+        let first = token > history.loaded;
+        history.loaded = history.loaded.max(token);
+        let missed: Vec<u64> = if value.commit == history.head {
+            history.lost.iter().copied().collect()
+        } else {
+            let acked = history.acked.clone();
+            let lineage = self.stored.lineage(value.commit);
+            acked.into_iter().filter(|c| !lineage.contains(c)).collect()
+        };
+        let Some(&lost) = missed.first() else {
+            return;
+        };
+        let l = self
+            .stored
+            .landed(lost)
+            .expect("an acknowledged commit landed");
+        let whose = if first {
+            "a new owner's first load"
+        } else {
+            "a load"
+        };
+        self.fail(
+            at_us,
+            Rule::AcknowledgedCommitLost,
+            format!(
+                "{whose} of {key} (p{partition}) by {node} under token {token} read {} (commit {}), which misses commit {lost} (token {}, acknowledged at {}){}",
+                value.count,
+                value.commit,
+                l.token,
+                show_us(l.at_us),
+                if missed.len() > 1 {
+                    format!(" and {} more", missed.len() - 1)
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+
+    /// The store served `node`'s `commit` at `at_us`: it landed
+    /// (acknowledged) or was refused as stale.
+    pub(super) fn store_committed(
+        &mut self,
+        at_us: u64,
+        node: &NodeId,
+        commit: &Commit,
+        landed: bool,
+    ) {
+        if !landed {
+            self.stats.stale_commits += 1;
+            return;
+        }
+        self.stats.commits += 1;
+        let raised = self
+            .stored
+            .raised
+            .get(&commit.partition)
+            .copied()
+            .unwrap_or(0);
+        if commit.token < raised {
+            self.fail(
+                at_us,
+                Rule::StaleCommitApplied,
+                format!(
+                    "{node}'s commit {} of {} (process {}) under token {} landed on p{} after a load had raised it to token {raised}",
+                    commit.id, commit.key, commit.life, commit.token, commit.partition
+                ),
+            );
+        }
+        let record = Landed {
+            parent: commit.parent,
+            token: commit.token,
+            at_us,
+        };
+        let slot = commit.id as usize;
+        if self.stored.landed.len() <= slot {
+            self.stored.landed.resize(slot + 1, None);
+        }
+        self.stored.landed[slot] = Some(record);
+        // A fork (the new head does not descend from the last one): the
+        // acknowledged commits it does not descend from are lost.
+        let lost = self
+            .stored
+            .keys
+            .get(&commit.key)
+            .filter(|h| h.head != commit.parent)
+            .map(|h| {
+                let lineage = self.stored.lineage(commit.id);
+                h.acked
+                    .iter()
+                    .copied()
+                    .filter(|c| !lineage.contains(c))
+                    .collect()
+            });
+        if !self.stored.keys.contains_key(&commit.key) {
+            let history = KeyHistory::default();
+            self.stored.keys.insert(commit.key.clone(), history);
+        }
+        let history = self
+            .stored
+            .keys
+            .get_mut(&commit.key)
+            .expect("entered above");
+        if let Some(lost) = lost {
+            history.lost = lost;
+        }
+        history.head = commit.id;
+        history.acked.push(commit.id);
     }
 
     /// A node resumed from a pause at `at_us` holding live `terminate`

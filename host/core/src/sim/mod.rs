@@ -29,7 +29,14 @@
 //!   in limbo until reaped), the stops and reaps (answered after a small
 //!   random delay), and the forwarding of messages to their owner;
 //!   `handoff`: the handoff states, each a number, from a key's stop to its
-//!   next process, as the node keeps and sends them.
+//!   next process, as the node keeps and sends them;
+//! - `store`: the durable store (a fence token per partition, a counter per
+//!   key, the commits it acknowledged) under the core's fence rule
+//!   ([`storage_fence`](crate::storage_fence)), and the processes' side of
+//!   it: each process loads its key under its ownership token when it
+//!   starts and commits an increment for each message, and a survivor in
+//!   limbo keeps committing under its old token (a stale owner), all over
+//!   each node's ordered, delayed link to the store.
 //!
 //! Every step is recorded in a trace; the [`checker`] judges the history on
 //! the global clock (with `lives`, its record of key processes and of the
@@ -42,6 +49,7 @@ mod faults;
 mod handoff;
 mod lives;
 mod node;
+mod store;
 #[cfg(test)]
 mod tests;
 mod world;
@@ -84,6 +92,9 @@ pub enum Mutation {
     /// runs, not after it ended (the old bug): a message arriving meanwhile
     /// starts a second process of the key beside the retiring one.
     IdleEntryRemovedEarly,
+    /// The store applies every commit without the fence check: a stale
+    /// owner's commit lands after a newer owner loaded the partition.
+    StoreSkipsFence,
 }
 
 /// What one run simulates.

@@ -8,7 +8,9 @@
 //! to limbo by a fence, retired when idle), and each message routed by
 //! `Membership::route` and forwarded to the owner it names. The handoffs
 //! themselves (their states' way from a stop to the next process) are
-//! `handoff`'s.
+//! `handoff`'s; a process's loads and commits to the durable store are
+//! `store`'s (a process loads when it starts and commits at each message;
+//! a survivor writes on from limbo).
 //!
 //! An idle process retires as the node's key table retires one: its
 //! `terminate(idle)` runs 0.1–50 ms, its entry stays (retiring) until it
@@ -25,6 +27,7 @@ use std::time::Duration;
 
 use super::Mutation;
 use super::handoff::States;
+use super::store::Stored;
 use super::timing;
 use super::world::{Call, Ev, NodeClock, World, node_name};
 use crate::coordinator::lost;
@@ -67,6 +70,8 @@ pub(super) struct Life {
     /// Retiring: when its `terminate(idle)` ends (global µs), and the
     /// messages that arrived meanwhile, waiting for its next process.
     pub(super) retiring: Option<(u64, Vec<u64>)>,
+    /// Its durable state, as it knows it.
+    pub(super) stored: Stored,
 }
 
 #[derive(Debug)]
@@ -80,7 +85,7 @@ pub(super) struct SimNode {
     /// The key table: live processes, by key.
     pub(super) keys: BTreeMap<String, Life>,
     /// Survivors of a fence, until reaped: their processes, by key.
-    pub(super) limbo: BTreeMap<String, u64>,
+    pub(super) limbo: BTreeMap<String, Life>,
     /// Handoff states: collected by moves, and waiting for their keys.
     pub(super) states: States,
     /// Forwarded messages their receiver did not serve, waiting for the
@@ -280,6 +285,16 @@ impl World {
             Ev::Retired {
                 node, key, life, ..
             } => self.retired(node, &key, life),
+            Ev::FromStore {
+                node,
+                key,
+                life,
+                loaded,
+                ..
+            } => self.loaded(node, &key, life, loaded),
+            Ev::SurvivorWrites {
+                node, key, life, ..
+            } => self.survivor_writes(node, &key, life),
             other => unreachable!("not a node's event: {other:?}"),
         }
     }
@@ -314,7 +329,7 @@ impl World {
                 }
                 for k in &reaped {
                     let life = node.limbo.remove(k).expect("listed above");
-                    self.checker.life_ended(life);
+                    self.checker.life_ended(life.id);
                 }
                 let reaped = reaped.len();
                 self.log(|| format!("{name}: reaping {partitions:?}: {reaped} survivors"));
@@ -406,11 +421,13 @@ impl World {
     /// dropped.
     fn fence(&mut self, i: usize, cause: &str) {
         let node = &mut self.nodes[i];
+        let mut survivors = Vec::new();
         for (key, life) in std::mem::take(&mut node.keys) {
             let survives = matches!(life.mode, Mode::Continue | Mode::Callback(true));
             if survives && life.retiring.is_none() {
-                node.limbo.insert(key, life.id);
                 self.checker.survived(life.id);
+                survivors.push((key.clone(), life.id));
+                node.limbo.insert(key, life);
             } else {
                 self.checker.life_ended(life.id);
             }
@@ -423,6 +440,9 @@ impl World {
                 node_name(i)
             )
         });
+        for (key, life) in survivors {
+            self.survivor_writes_later(i, &key, life);
+        }
     }
 
     /// Whether node `i` can act now: up, not paused, lease current on its
@@ -512,8 +532,10 @@ impl World {
                 mode,
                 state: from,
                 retiring: None,
+                stored: self.stored_for(i, key),
             };
             self.nodes[i].keys.insert(key.to_owned(), l);
+            self.load(i, key, life);
             self.log(|| format!("{id}: {key} started (process {life}) from {from:?}, stale state dropped {stale}"));
             if self.rng.u32(0..100) < 20 {
                 let inc = self.nodes[i].incarnation;
@@ -533,6 +555,8 @@ impl World {
         let state = self.fresh_id();
         if let Some(l) = self.nodes[i].keys.get_mut(key) {
             l.state = Some(state);
+            let life = l.id;
+            self.write(i, key, life);
         }
         let current = self.can_act(i);
         let lease = self.nodes[i].membership.lease_id();

@@ -1,8 +1,11 @@
 //! The simulation's tests: the CI seed budget, one seed on demand, the
-//! soak, the mutation check and the drift bound.
+//! soak, the mutation check, the drift bound, and the durable-state rules
+//! of the checker on a history written by hand.
 
-use super::checker::Rule;
+use super::checker::{Checker, Rule};
+use super::store::{Commit, Value};
 use super::*;
+use crate::ownership::NodeId;
 
 /// Seeds per CI run (`FIEF_SEEDS` overrides it: the long soak).
 const CI_SEEDS: u64 = 1_000;
@@ -101,6 +104,11 @@ fn seeds_find_no_violation() {
     assert!(stats.states > count, "{stats:?}");
     assert!(stats.claimed > count, "{stats:?}");
     assert!(stats.waited > count, "{stats:?}");
+    // Every process loaded its key and committed; stale owners' commits
+    // reached the store and were refused.
+    assert!(stats.loads > count * 50, "{stats:?}");
+    assert!(stats.commits > count * 1_000, "{stats:?}");
+    assert!(stats.stale_commits > count * 10, "{stats:?}");
 }
 
 /// `FIEF_SEED=<n>`: run one seed and print its report and whole trace.
@@ -122,8 +130,9 @@ fn one_seed() {
             "handoff-drops-waiting" => Mutation::HandoffDropsWaiting,
             "release-before-ack" => Mutation::ReleaseBeforeAck,
             "idle-entry-removed-early" => Mutation::IdleEntryRemovedEarly,
+            "store-skips-fence" => Mutation::StoreSkipsFence,
             other => panic!(
-                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry, reap-hangs, drain-released-at-transfer, adopt-without-reap, handoff-drops-waiting, release-before-ack or idle-entry-removed-early"
+                "unknown FIEF_SIM_MUTATION {other:?}: fence-at-ttl, skip-owner-recheck, arbiter-early-expiry, reap-hangs, drain-released-at-transfer, adopt-without-reap, handoff-drops-waiting, release-before-ack, idle-entry-removed-early or store-skips-fence"
             ),
         });
     }
@@ -263,4 +272,60 @@ fn drift_beyond_the_bound_breaks_ownership() {
     )
     .expect("30% drift should break single ownership");
     eprintln!("{}", report.render());
+}
+
+/// Mutation check: a store that lands commits without the fence check is
+/// caught, as a stale owner's commit (a survivor in limbo, or a commit
+/// still on its way when its process lost the partition) applied after a
+/// newer owner's load raised the partition's fence token — or, failing
+/// that, as a later load missing a commit acknowledged before it.
+#[test]
+fn mutation_store_skips_fence_is_caught() {
+    assert_caught(
+        Mutation::StoreSkipsFence,
+        &[Rule::StaleCommitApplied, Rule::AcknowledgedCommitLost],
+    );
+}
+
+/// The durable-state rules on a history written by hand: a load that
+/// misses an acknowledged commit (a stale owner's commit landed on an
+/// older value and replaced the newer owner's) is an acknowledged commit
+/// lost, and the stale commit itself a stale commit applied; the history
+/// without it is clean.
+#[test]
+fn the_checker_finds_a_stale_commit_and_a_lost_acknowledged_commit() {
+    let (a, b) = (NodeId::new("n1"), NodeId::new("n2"));
+    let commit = |id, token, parent, count| Commit {
+        id,
+        life: token,
+        key: "k".to_owned(),
+        partition: 3,
+        token,
+        parent,
+        count,
+    };
+    let value = |count, commit| Ok(Value { count, commit });
+    let history = |stale: bool| {
+        let mut c = Checker::new(timing().lease_ttl());
+        c.store_loaded(1, &a, "k", 3, 4, value(0, 0));
+        c.store_committed(2, &a, &commit(1, 4, 0, 1), true);
+        // A new owner loads under 7 and commits on what n1 committed.
+        c.store_loaded(3, &b, "k", 3, 7, value(1, 1));
+        c.store_committed(4, &b, &commit(2, 7, 1, 2), true);
+        if stale {
+            // n1's next commit lands anyway, on its own old copy.
+            c.store_committed(5, &a, &commit(3, 4, 1, 2), true);
+            c.store_loaded(6, &b, "k", 3, 9, value(2, 3));
+        } else {
+            c.store_committed(5, &a, &commit(3, 4, 1, 2), false);
+            c.store_loaded(6, &b, "k", 3, 9, value(2, 2));
+        }
+        c.violations
+    };
+    assert_eq!(history(false), vec![]);
+    let rules: Vec<Rule> = history(true).iter().map(|v| v.rule).collect();
+    assert_eq!(
+        rules,
+        vec![Rule::StaleCommitApplied, Rule::AcknowledgedCommitLost]
+    );
 }

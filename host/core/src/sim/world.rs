@@ -4,8 +4,9 @@
 //! link per node to the arbiter, which loses and delays but never reorders;
 //! calm after the faults' time), the load, the arbiter's side of every
 //! request (the real [`ArbiterState`], each commit recorded for the
-//! checker), and the liveness window's probes. The faults themselves are
-//! `faults`'s.
+//! checker), the ordered link from each node to the durable store (the
+//! store itself and its side of each request are `store`'s), and the
+//! liveness window's probes. The faults themselves are `faults`'s.
 //!
 //! It owns what no node decides: when things happen and what reaches whom.
 //! It must not decide anything a node decides — every input a node gets goes
@@ -20,6 +21,7 @@ use super::checker::{Checker, SETTLE, TableWrite, WINDOW};
 use super::faults::Heal;
 use super::handoff::Entry;
 use super::node::{Mode, SimNode};
+use super::store::{Request as StoreRequest, Store, Value};
 use super::{Config, Mutation, Report, show_us, timing};
 use crate::arbiter::{ArbiterState, LeaseId, Refusal};
 use crate::coordinator::{Reply, Request, RequestId};
@@ -209,6 +211,28 @@ pub(super) enum Ev {
     Window,
     /// Which partitions live nodes own, during the window.
     Probe,
+    /// A node's load or commit, to the durable store.
+    ToStore {
+        node: usize,
+        req: StoreRequest,
+    },
+    /// The store's answer to process `life`'s load of `key`: the key's
+    /// value, or the fence token that refused it as stale.
+    FromStore {
+        node: usize,
+        inc: u64,
+        key: String,
+        life: u64,
+        loaded: Result<Value, u64>,
+    },
+    /// Survivor `life` of `key`, in its node's limbo, writes to its state
+    /// (a `continue` process's own timer, say).
+    SurvivorWrites {
+        node: usize,
+        inc: u64,
+        key: String,
+        life: u64,
+    },
 }
 
 impl Ev {
@@ -227,7 +251,9 @@ impl Ev {
             | Ev::Reaped { node, inc, .. }
             | Ev::NotOwner { node, inc, .. }
             | Ev::IdleStop { node, inc, .. }
-            | Ev::Retired { node, inc, .. } => Some((*node, Some(*inc))),
+            | Ev::Retired { node, inc, .. }
+            | Ev::FromStore { node, inc, .. }
+            | Ev::SurvivorWrites { node, inc, .. } => Some((*node, Some(*inc))),
             _ => None,
         }
     }
@@ -281,6 +307,14 @@ pub(super) struct World {
     quiet_from: u64,
     /// The network is calm (see [`Ev::Calm`]).
     pub(super) calm: bool,
+    /// The durable store the key processes load from and commit to.
+    pub(super) store: Store,
+    /// The store's own draws (its links' delays, the survivors' writes),
+    /// apart from `rng`: adding the store left every seed's history of
+    /// the rest as it was.
+    pub(super) store_rng: fastrand::Rng,
+    /// Per node, the last delivery time on its link to the store (down, up).
+    store_link: Vec<[u64; 2]>,
 }
 
 impl World {
@@ -327,6 +361,8 @@ impl World {
             })
             .collect();
         let no_addr = (rng.u8(0..4) == 0).then(|| rng.usize(0..n));
+        let store = Store::new(cfg.mutation == Some(Mutation::StoreSkipsFence));
+        let store_rng = fastrand::Rng::with_seed(cfg.seed ^ 0x5704_e5ee_d000_0001);
         World {
             checker: Checker::new(timing().lease_ttl()),
             trace: VecDeque::new(),
@@ -354,6 +390,9 @@ impl World {
             no_addr,
             quiet_from: 0,
             calm: false,
+            store,
+            store_rng,
+            store_link: vec![[0; 2]; n],
         }
     }
 
@@ -415,6 +454,24 @@ impl World {
             delay += self.rng.u64(0..=self.net.tail_us);
         }
         let last = &mut self.arbiter_link[node][usize::from(up)];
+        let at = (self.now + delay).max(*last);
+        *last = at;
+        self.at(at, ev);
+    }
+
+    /// Send over node `node`'s link to the store (`up`: towards it):
+    /// delayed as the network delays (with its slow tail until the calm),
+    /// but in order, never lost nor duplicated — the node's one storage
+    /// pipeline (`host/src/storage/writer.rs`) on one connection. A lost
+    /// request or answer is a timeout in the node, which ends the process:
+    /// not modelled.
+    pub(super) fn send_store(&mut self, node: usize, up: bool, ev: Ev) {
+        let rng = &mut self.store_rng;
+        let mut delay = self.net.delay_us + rng.u64(0..=self.net.delay_us);
+        if rng.u32(0..100) < self.net.slow_pct && !self.calm {
+            delay += rng.u64(0..=self.net.tail_us);
+        }
+        let last = &mut self.store_link[node][usize::from(up)];
         let at = (self.now + delay).max(*last);
         *last = at;
         self.at(at, ev);
@@ -628,6 +685,7 @@ impl World {
                     self.handle(Ev::Probe);
                 }
             }
+            Ev::ToStore { node, req } => self.store_request(node, req),
             Ev::Probe => {
                 let unowned: Vec<_> = self
                     .arbiter
