@@ -1,12 +1,12 @@
-//! Builds the `counter` example and the `spin` and `hostile` test guests from source for
-//! `wasm32-wasip2`, with the same code as the tests' build script and into
-//! the same target directory, so the tests and the benchmarks share one guest
-//! build.
+//! Builds the `counter` and `stored-counter` examples and the `spin`,
+//! `hostile` and `vault` test guests from source for `wasm32-wasip2`, with
+//! the same code as the tests' build script and into the same target
+//! directory, so the tests and the benchmarks share one guest build.
 
 include!("../tests/guest_build.rs");
 
 /// Guest packages the benchmarks need.
-const GUESTS: &[&str] = &["counter", "spin", "hostile"];
+const GUESTS: &[&str] = &["counter", "stored-counter", "spin", "hostile", "vault"];
 
 fn main() {
     println!("cargo:rerun-if-changed=../tests/guest_build.rs");
