@@ -294,6 +294,20 @@ impl NodeConfig {
                 "storage {storage:?} is none of `embedded`, `memory` or a postgres:// URL"
             ));
         }
+        // Nodes of a PostgreSQL arbiter form a cluster, and a key moves
+        // between them: a store of this node's own would let a moved key
+        // start empty on its new owner, its acknowledged writes left behind.
+        if self.arbiter != "local"
+            && let Some(storage) = self.storage.as_deref()
+            && matches!(storage, "embedded" | "memory")
+        {
+            return bad(format!(
+                "storage `{storage}` keeps keys' state on this node only, but the arbiter is a \
+                 shared PostgreSQL database, so keys move between nodes and a moved key would \
+                 not find its state; leave `storage` unset (the arbiter's database) or give a \
+                 postgres:// URL every node of the namespace shares"
+            ));
+        }
         if let Some(addr) = &self.peer_advertise
             && !addr
                 .rsplit_once(':')
@@ -405,6 +419,38 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         NodeConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn a_store_of_one_node_under_a_shared_arbiter_is_refused() {
+        for storage in ["embedded", "memory"] {
+            let config = NodeConfig {
+                arbiter: "postgres://postgres@127.0.0.1:5432/fief".to_owned(),
+                storage: Some(storage.to_owned()),
+                ..NodeConfig::default()
+            };
+            let err = config.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("storage `{storage}`"))
+                    && err.contains("leave `storage` unset"),
+                "{err}"
+            );
+        }
+        for storage in [None, Some("postgres://postgres@127.0.0.1:5432/state")] {
+            NodeConfig {
+                arbiter: "postgres://postgres@127.0.0.1:5432/fief".to_owned(),
+                storage: storage.map(str::to_owned),
+                ..NodeConfig::default()
+            }
+            .validate()
+            .unwrap();
+        }
+        NodeConfig {
+            storage: Some("embedded".to_owned()),
+            ..NodeConfig::default()
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]
