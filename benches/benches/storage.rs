@@ -363,6 +363,89 @@ fn bench_read(c: &mut Criterion, rt: &Runtime, side: &Arc<Side>, mode: Mode) {
     g.finish();
 }
 
+/// Calls per batch of the interleaved read pairs.
+const READ_BATCH: u32 = 200;
+
+/// The read pairs measured interleaved: batches of the read and of its
+/// baseline alternate on the same live key, so the machine's drift between
+/// two criterion groups (on this VM, up to 30 %) falls on both alike. The
+/// ratio is the median of the per-round ratios; the times are medians per
+/// call.
+fn read_ratios(
+    rt: &Runtime,
+    side: &Arc<Side>,
+    rounds: usize,
+) -> Vec<(String, Duration, Duration, f64)> {
+    let pairs = [
+        (
+            "stored_counter_get / counter_get",
+            (STORED, &b"get"[..]),
+            (COUNTER, &b"get"[..]),
+        ),
+        (
+            "vault_get / vault_token",
+            (VAULT, &b"get n"[..]),
+            (VAULT, &b"token"[..]),
+        ),
+        // A name that is not there: the same import, but no value to copy
+        // into the guest (no call of its allocator).
+        (
+            "vault_get_absent / vault_token",
+            (VAULT, &b"get absent"[..]),
+            (VAULT, &b"token"[..]),
+        ),
+    ];
+    let node = side.node.clone();
+    run(rt, async move {
+        let batch = |module: &'static str, message: &'static [u8]| {
+            let node = node.clone();
+            async move {
+                let start = Instant::now();
+                for _ in 0..READ_BATCH {
+                    let reply = node.call(module, "reader", message.to_vec()).await;
+                    std::hint::black_box(reply.expect("a read"));
+                }
+                start.elapsed() / READ_BATCH
+            }
+        };
+        let mut rows = Vec::new();
+        for (name, (read_module, read), (base_module, base)) in pairs {
+            let (mut reads, mut bases, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let r = batch(read_module, read).await;
+                let b = batch(base_module, base).await;
+                ratios.push(r.as_secs_f64() / b.as_secs_f64());
+                reads.push(r);
+                bases.push(b);
+            }
+            ratios.sort_by(f64::total_cmp);
+            rows.push((
+                name.to_owned(),
+                quantile(&mut reads, 0.5),
+                quantile(&mut bases, 0.5),
+                ratios[ratios.len() / 2],
+            ));
+        }
+        rows
+    })
+}
+
+fn print_read_ratios(rows: &[(String, Duration, Duration, f64)]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!("\nstorage_read_interleaved: a stored read beside its baseline, batches alternating");
+    println!("| pair | read | baseline | ratio (median of rounds) |");
+    println!("|---|---|---|---|");
+    for (name, read, base, ratio) in rows {
+        println!(
+            "| {name} | {} | {} | {ratio:.2}× |",
+            fmt_duration(*read),
+            fmt_duration(*base)
+        );
+    }
+}
+
 /// p50 and p99 of one commit at one key, Fief and raw.
 struct Latency {
     backend: &'static str,
@@ -557,6 +640,15 @@ fn main() {
     });
     bench_commits(&mut criterion, &rt, &embedded, mode);
     bench_read(&mut criterion, &rt, &embedded, mode);
+    let read_rows = if filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| "storage_read_interleaved".contains(f.as_str()))
+    {
+        read_ratios(&rt, &embedded, mode.pick(200, 50, 5))
+    } else {
+        Vec::new()
+    };
     if latency_wanted {
         latencies.push(commit_latency(&rt, &embedded, samples));
     }
@@ -584,5 +676,6 @@ fn main() {
     }
 
     print_latencies(&latencies);
+    print_read_ratios(&read_rows);
     criterion.final_summary();
 }

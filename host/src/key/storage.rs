@@ -113,6 +113,16 @@ impl KeyStorage {
         Ok(self.state.as_mut().expect("loaded above"))
     }
 
+    /// Whether the key's state is loaded.
+    pub(crate) fn loaded(&self) -> bool {
+        self.state.is_some()
+    }
+
+    /// The key's state, if loaded.
+    pub(crate) fn loaded_state(&mut self) -> Option<&mut KeyState> {
+        self.state.as_mut()
+    }
+
     /// Re-charge the state's host memory after a write (bounded by the
     /// storage limits, so it is never refused).
     pub(crate) fn recharge(&mut self) {
