@@ -25,6 +25,10 @@
 //!   `examples/counter` key (no storage at all), on the embedded node; and
 //!   the same within one guest: the `vault` test guest's `get n` (one
 //!   `storage::get`) beside its `token` (one trivial host call).
+//! - `storage_read_interleaved` (printed as a table at the end): the same
+//!   pairs, and `get absent` (no value to copy back), with batches of the
+//!   read and of its baseline alternating, so the VM's drift between two
+//!   criterion benches does not fall on one side only.
 //! - `storage_commit_latency` (printed as a table at the end): p50 and p99 of
 //!   one `incr` on one key, one at a time, interleaved sample by sample with
 //!   one raw commit (the redb transaction, the PostgreSQL upsert

@@ -4,7 +4,9 @@
 //! gate (the key was killed, or its node fenced) traps the guest instead of
 //! returning, so no guest code runs after the refusal. `call` and the cache
 //! imports are async: the calling key's store is suspended while the callee
-//! (or the cache entry's owner) works.
+//! (or the cache entry's owner) works. The storage imports are not: they
+//! work on the key's state in memory, loaded before the callback began
+//! (`KeyStorage::preload`), so a read never waits.
 
 // The generated items mirror the WIT, whose doc comments are the
 // documentation; rustdoc cannot see them on every generated item.
@@ -21,11 +23,6 @@ wasmtime::component::bindgen!({
         "fief:key/host.cache-get": async | trappable,
         "fief:key/host.cache-put": async | trappable,
         "fief:key/host.cache-delete": async | trappable,
-        "fief:key/storage.get": async | trappable,
-        "fief:key/storage.put": async | trappable,
-        "fief:key/storage.delete": async | trappable,
-        "fief:key/storage.list": async | trappable,
-        "fief:key/storage.delete-range": async | trappable,
         default: trappable,
     },
     exports: {

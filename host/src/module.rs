@@ -83,6 +83,9 @@ pub struct CompiledModule {
     pub content_hash: String,
     /// When it was deployed.
     pub deployed_at: SystemTime,
+    /// Whether it imports `fief:key/storage`: then each of its processes
+    /// loads its key's state before its first callback.
+    pub(crate) uses_storage: bool,
 }
 
 /// Check that `bytes` look like a component before spending time compiling.
@@ -398,6 +401,10 @@ pub(crate) fn finish(
             Some(artifact),
         ),
     };
+    let uses_storage = component
+        .component_type()
+        .imports(&runtime.engine)
+        .any(|(name, _)| name.starts_with("fief:key/storage"));
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         Error::InvalidModule(format!(
             "the component needs an import this node does not grant ({e:#}); a key module may import only fief:key/host, fief:key/storage and WASI 0.2"
@@ -425,6 +432,7 @@ pub(crate) fn finish(
         compile_cached,
         content_hash,
         deployed_at: SystemTime::now(),
+        uses_storage,
     })
 }
 

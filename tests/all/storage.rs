@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fief::config::ByteSize;
-use fief::{Error, Instance, ModuleOptions};
+use fief::{Error, Instance, ModuleOptions, StopReason};
 use fief_tests::storage_backend::ControlledBackend;
 use fief_tests::{call_text, eventually, eventually_async, guests, is_live, test_config};
 
@@ -362,6 +362,30 @@ async fn a_load_the_store_cannot_serve_is_an_error_the_guest_sees() {
     // The next call loads afresh.
     assert_eq!(call_text(&node, "vault", "k", "put a 1").await, "ok");
     assert_eq!(call_text(&node, "vault", "k", "get a").await, "1");
+    node.shutdown().await;
+}
+
+/// A process loads its key's state before its first callback, so its
+/// storage imports never wait on the store: a key that has not touched its
+/// storage yet reads it from memory even once the store has gone down (and
+/// only its next commit finds out).
+#[tokio::test]
+async fn a_process_loads_its_state_before_its_first_callback() {
+    let backend = ControlledBackend::new();
+    let node = node_on(backend.clone(), &[vault()]).await;
+    assert_eq!(call_text(&node, "vault", "k", "put a 1").await, "ok");
+    node.stop_key("vault", "k", StopReason::Handoff)
+        .await
+        .expect("stopping the key");
+    // A new process, whose callbacks have not used storage yet.
+    assert!(!call_text(&node, "vault", "k", "token").await.is_empty());
+    backend.set_failing(true);
+    assert_eq!(
+        call_text(&node, "vault", "k", "get a").await,
+        "1",
+        "loaded before the first callback, read from memory"
+    );
+    backend.set_failing(false);
     node.shutdown().await;
 }
 

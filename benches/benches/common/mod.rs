@@ -58,16 +58,16 @@ impl fief::bindings::types::Host for RawCtx {}
 
 /// The raw baseline keeps no durable state: every storage call is refused.
 impl fief::bindings::storage::Host for RawCtx {
-    async fn get(&mut self, _: String) -> wasmtime::Result<Result<Option<Vec<u8>>, StorageError>> {
+    fn get(&mut self, _: String) -> wasmtime::Result<Result<Option<Vec<u8>>, StorageError>> {
         Ok(Err(no_storage()))
     }
-    async fn put(&mut self, _: String, _: Vec<u8>) -> wasmtime::Result<Result<(), StorageError>> {
+    fn put(&mut self, _: String, _: Vec<u8>) -> wasmtime::Result<Result<(), StorageError>> {
         Ok(Err(no_storage()))
     }
-    async fn delete(&mut self, _: String) -> wasmtime::Result<Result<bool, StorageError>> {
+    fn delete(&mut self, _: String) -> wasmtime::Result<Result<bool, StorageError>> {
         Ok(Err(no_storage()))
     }
-    async fn list(
+    fn list(
         &mut self,
         _: String,
         _: Option<String>,
@@ -75,7 +75,7 @@ impl fief::bindings::storage::Host for RawCtx {
     ) -> wasmtime::Result<Result<Vec<(String, Vec<u8>)>, StorageError>> {
         Ok(Err(no_storage()))
     }
-    async fn delete_range(
+    fn delete_range(
         &mut self,
         _: String,
         _: Option<String>,

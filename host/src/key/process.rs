@@ -328,6 +328,7 @@ impl KeyProcess {
                     max_writes_per_callback: options.max_storage_writes_per_callback,
                 },
                 env.mailbox.ledger().clone(),
+                module.uses_storage,
             ),
         };
         let mut store = Store::new(&node.runtime.engine, ctx);
@@ -397,6 +398,7 @@ impl KeyProcess {
             }
         };
         let mut process = KeyProcess { store, guest, cpu };
+        process.store.data_mut().storage.preload().await;
         process.begin_callback();
         let init = process
             .guest
@@ -461,6 +463,7 @@ impl KeyProcess {
         &mut self,
         message: &[u8],
     ) -> Result<Result<Vec<u8>, String>, Death> {
+        self.store.data_mut().storage.preload().await;
         self.begin_callback();
         let r = self
             .guest
@@ -475,6 +478,7 @@ impl KeyProcess {
     }
 
     pub(super) async fn handle_cast(&mut self, message: &[u8]) -> Result<(), Death> {
+        self.store.data_mut().storage.preload().await;
         self.begin_callback();
         let r = self
             .guest
@@ -492,6 +496,7 @@ impl KeyProcess {
                 return Ok(());
             }
         }
+        self.store.data_mut().storage.preload().await;
         self.begin_callback();
         let r = self
             .guest

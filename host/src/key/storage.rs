@@ -1,10 +1,13 @@
 //! A key process's durable state and its output gate.
 //!
-//! [`KeyStorage`] lives in the key's store data. It loads the key's state
-//! through the node's [`StorageWriter`] at the first storage call (which
-//! raises the partition's fence token in the store), serves reads from
-//! memory after that, and commits a callback's writes when the callback
-//! returns (`KeyProcess`'s callbacks call [`KeyStorage::commit`]).
+//! [`KeyStorage`] lives in the key's store data. For a module that imports
+//! `fief:key/storage` it loads the key's state through the node's
+//! [`StorageWriter`] before the process's first callback (which raises the
+//! partition's fence token in the store; [`KeyStorage::preload`], again
+//! before a later `init`/`handle-*` callback if the load failed), so the
+//! storage imports work on memory and never wait; it commits a callback's
+//! writes when the callback returns (`KeyProcess`'s callbacks call
+//! [`KeyStorage::commit`]).
 //!
 //! The output gate: while a callback has writes not yet committed, the
 //! outputs it issues — casts, publications, timers — wait in the
@@ -61,6 +64,11 @@ pub(crate) struct KeyStorage {
     fence: Fence,
     limits: StorageLimits,
     state: Option<KeyState>,
+    /// Whether the module imports storage (so [`KeyStorage::preload`] loads).
+    wanted: bool,
+    /// Why the last load failed: what the imports answer until a load
+    /// succeeds.
+    load_failure: Option<StorageError>,
     /// The loaded state's host memory, charged to the key's ledger.
     held: Held,
     ledger: Arc<Ledger>,
@@ -68,13 +76,14 @@ pub(crate) struct KeyStorage {
 }
 
 impl KeyStorage {
-    /// Nothing loaded yet.
+    /// Nothing loaded yet; `wanted`: the module imports storage.
     pub(crate) fn new(
         writer: Arc<StorageWriter>,
         scope: KeyScope,
         fence: Fence,
         limits: StorageLimits,
         ledger: Arc<Ledger>,
+        wanted: bool,
     ) -> Self {
         KeyStorage {
             writer,
@@ -82,45 +91,58 @@ impl KeyStorage {
             fence,
             limits,
             state: None,
+            wanted,
+            load_failure: None,
             held: Held::none(),
             ledger,
             outbox: Vec::new(),
         }
     }
 
-    /// The key's state, loaded at the first call.
-    pub(crate) async fn state(&mut self) -> Result<&mut KeyState, StorageError> {
-        if self.state.is_none() {
-            let load = Load {
-                scope: self.scope.clone(),
-                fence: self.fence,
-            };
-            let loaded = match self.writer.load(load).await {
-                Ok(Outcome::Done(loaded)) => loaded,
-                Ok(Outcome::Stale { current }) => {
-                    return Err(StorageError::Unavailable(format!(
-                        "this process's ownership of the key has ended: a newer owner (token \
-                         {current}, this process has {}) has loaded its state",
-                        self.fence.token
-                    )));
-                }
-                Err(e) => return Err(StorageError::Unavailable(e.to_string())),
-            };
-            let state = KeyState::new(loaded, self.limits);
-            self.held = self.ledger.force(state.held_bytes() as usize);
-            self.state = Some(state);
+    /// Load the key's state if the module imports storage and it is not
+    /// loaded yet; a failure is kept for the imports to answer. Waits for
+    /// the writer's round (bounded by its timeout), outside guest code.
+    pub(crate) async fn preload(&mut self) {
+        if !self.wanted || self.state.is_some() {
+            return;
         }
-        Ok(self.state.as_mut().expect("loaded above"))
+        let load = Load {
+            scope: self.scope.clone(),
+            fence: self.fence,
+        };
+        let loaded = match self.writer.load(load).await {
+            Ok(Outcome::Done(loaded)) => loaded,
+            Ok(Outcome::Stale { current }) => {
+                self.load_failure = Some(StorageError::Unavailable(format!(
+                    "this process's ownership of the key has ended: a newer owner (token \
+                     {current}, this process has {}) has loaded its state",
+                    self.fence.token
+                )));
+                return;
+            }
+            Err(e) => {
+                self.load_failure = Some(StorageError::Unavailable(e.to_string()));
+                return;
+            }
+        };
+        let state = KeyState::new(loaded, self.limits);
+        self.held = self.ledger.force(state.held_bytes() as usize);
+        self.state = Some(state);
+        self.load_failure = None;
     }
 
-    /// Whether the key's state is loaded.
-    pub(crate) fn loaded(&self) -> bool {
-        self.state.is_some()
-    }
-
-    /// The key's state, if loaded.
-    pub(crate) fn loaded_state(&mut self) -> Option<&mut KeyState> {
-        self.state.as_mut()
+    /// The key's state, or why it is not loaded.
+    pub(crate) fn state(&mut self) -> Result<&mut KeyState, StorageError> {
+        match &mut self.state {
+            Some(state) => Ok(state),
+            None => Err(self.load_failure.clone().unwrap_or_else(|| {
+                StorageError::Unavailable(
+                    "the key's state is not loaded: it is loaded before a call, cast or \
+                     info callback, and was not before this one"
+                        .to_owned(),
+                )
+            })),
+        }
     }
 
     /// Re-charge the state's host memory after a write (bounded by the
