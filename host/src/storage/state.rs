@@ -2,7 +2,7 @@
 //! the names its current callbacks changed since the last commit, and the
 //! limits every write is checked against.
 //!
-//! The process loads its key's state once, at its first storage call, and
+//! The process loads its key's state once, before its first callback, and
 //! serves every read after that from here. A write changes the map at once
 //! (reads in the same callback see it) and marks its name dirty; the commit
 //! at the end of the callback is made from the dirty names and the map
