@@ -207,6 +207,57 @@ async fn the_postgres_migration_is_idempotent_and_namespaces_share_a_database() 
     assert!(err.to_string().contains("partitions"), "{err}");
 }
 
+/// A node's start does not hold up the other nodes' renewals. The
+/// migration used to run `ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS`
+/// on every start, which takes an `ACCESS EXCLUSIVE` lock on the lease table
+/// before it looks whether the column is there: behind any open transaction
+/// that had read the table it waited, and every node's renewal queued behind
+/// it (a renewal gap of 3 s, and a fence, in
+/// `load_fence::nodes_whose_cores_are_busy_keep_renewing_and_never_fence`
+/// while other tests started nodes). Here a transaction that read
+/// `fief_leases` stays open while a second node connects and the first
+/// renews: both answer. With the unconditional `ALTER`, both wait until that
+/// transaction ends, past the bound (they take milliseconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_node_does_not_hold_up_the_others_renewals() {
+    const BOUND: Duration = Duration::from_secs(10);
+    let db = test_database().await;
+    let url = arbiter_url(PG_ADDR);
+    let partitions = PartitionCount::new(PARTITIONS).unwrap();
+    let ns = unique_namespace("start-no-stall");
+    let a = NodeId::new("a");
+    let first = PostgresArbiter::connect(&url, &ns, partitions)
+        .await
+        .unwrap();
+    let lease = first
+        .register(&ns, &a, Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    // Another session reads the lease table and keeps its transaction open:
+    // it holds `ACCESS SHARE` on it, which only `ACCESS EXCLUSIVE` waits for.
+    db.batch_execute("BEGIN; SELECT count(*) FROM fief_leases")
+        .await
+        .unwrap();
+    let second = {
+        let (url, ns) = (url.clone(), ns.clone());
+        tokio::spawn(async move { PostgresArbiter::connect(&url, &ns, partitions).await })
+    };
+    // Let the second node's migration reach the lease table (if it waits
+    // there, the renewal queues behind it).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let renewed = tokio::time::timeout(BOUND, first.renew(&ns, &a, lease)).await;
+    let started = tokio::time::timeout(BOUND, second).await;
+    db.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        matches!(renewed, Ok(Ok(()))),
+        "the renewal answers while another node starts: {renewed:?}"
+    );
+    assert!(
+        matches!(started, Ok(Ok(Ok(_)))),
+        "the second node's migration does not wait for a reader of the lease table"
+    );
+}
+
 /// A node cut off from PostgreSQL in the middle of one of its transactions
 /// (which lock the namespace row) does not stop the others: the server ends
 /// the silent session after a second and the lock goes with it, so another

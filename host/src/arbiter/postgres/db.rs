@@ -11,7 +11,7 @@ use fief_core::{Assignment, NodeId, OwnershipTable, OwnershipToken, PartitionCou
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
 
-use super::schema::{MIGRATION, MIGRATION_LOCK};
+use super::schema::{ADDED_COLUMNS, COLUMN_EXISTS, MIGRATION, MIGRATION_LOCK};
 use crate::arbiter::{ArbiterError, ModuleVersionRecord, StoredModule};
 use crate::config::ModuleOptions;
 
@@ -89,6 +89,16 @@ impl Db {
         tx.batch_execute(MIGRATION)
             .await
             .map_err(|e| db_error(&e))?;
+        for (table, column, add) in ADDED_COLUMNS {
+            let there: bool = tx
+                .query_one(COLUMN_EXISTS, &[&table, &column])
+                .await
+                .map_err(unreachable)?
+                .get(0);
+            if !there {
+                tx.batch_execute(add).await.map_err(|e| db_error(&e))?;
+            }
+        }
         tx.execute(
             "INSERT INTO fief_namespaces (namespace, partitions) VALUES ($1, $2) ON CONFLICT DO NOTHING",
             &[&namespace, &(partitions.get() as i32)],

@@ -2,6 +2,15 @@
 //! leadership, the partition table) and the module store, created by an
 //! idempotent migration every node runs at start, serialized by an advisory
 //! lock. It must not hold statements (`statements.rs` does).
+//!
+//! A node's start must not stall the cluster's renewals: the migration is
+//! `CREATE … IF NOT EXISTS` (no lock on a table that exists), and a column
+//! added since the first schema is added only when the catalog says it is
+//! missing ([`ADDED_COLUMNS`]). `ALTER TABLE … ADD COLUMN IF NOT EXISTS`
+//! takes an `ACCESS EXCLUSIVE` lock on its table before it looks, even when
+//! the column is there, and holds it to the end of the migration's
+//! transaction: every node's renewal queued behind each node's start, and
+//! behind any transaction the `ALTER` itself waited for.
 
 /// The migration: idempotent, run by every node at start.
 pub(super) const MIGRATION: &str = r#"
@@ -31,11 +40,6 @@ CREATE TABLE IF NOT EXISTS fief_partitions (
     PRIMARY KEY (namespace, partition)
 );
 CREATE SEQUENCE IF NOT EXISTS fief_lease_ids;
--- Added after 0.1.0's first schema; harmless when already there.
-ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS leaving boolean NOT NULL DEFAULT false;
--- A graceful handoff records the token the previous owner held the partition
--- under, so the new owner accepts only the states that transfer sent.
-ALTER TABLE fief_partitions ADD COLUMN IF NOT EXISTS handed_from bigint;
 -- The module store: one row per module name (kept after an undeploy, so
 -- version numbers are never reused), one per stored version with its bytes.
 CREATE TABLE IF NOT EXISTS fief_modules (
@@ -59,6 +63,30 @@ CREATE TABLE IF NOT EXISTS fief_module_versions (
     FOREIGN KEY (namespace, name) REFERENCES fief_modules (namespace, name)
 );
 "#;
+
+/// Columns added after 0.1.0's first schema, as `(table, column, the
+/// statement that adds it)`: run by the migration only when the column is
+/// missing (see the module header for why not unconditionally).
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+    (
+        "fief_leases",
+        "leaving",
+        "ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS leaving boolean NOT NULL DEFAULT false",
+    ),
+    // A graceful handoff records the token the previous owner held the
+    // partition under, so the new owner accepts only the states that
+    // transfer sent.
+    (
+        "fief_partitions",
+        "handed_from",
+        "ALTER TABLE fief_partitions ADD COLUMN IF NOT EXISTS handed_from bigint",
+    ),
+];
+
+/// Whether a column exists, from the catalog (reads no user table, so it
+/// takes no lock a renewal could wait for).
+pub(super) const COLUMN_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+     WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2)";
 
 /// Key of the advisory lock that serializes migrations.
 pub(super) const MIGRATION_LOCK: i64 = 0x66_69_65_66; // "fief"
