@@ -68,10 +68,10 @@ pub(crate) enum PeerRequest {
     Handoff {
         entries: Vec<HandoffEntry>,
         /// The attempt's rows for this frame's states, and (in its first
-        /// frames) for the attempt's other partitions. Last, so a sender of
-        /// an older version, which sends none, is read as sending none (and
-        /// a receiver of an older version ignores them).
-        #[serde(default, deserialize_with = "absent_is_empty")]
+        /// frames) for the attempt's other partitions. Last, so a receiver
+        /// of an older version ignores them, and a frame of a sender of an
+        /// older version, which ends where they would begin, is read as
+        /// sending none ([`decode_frame`]).
         manifest: Vec<HandoffRow>,
     },
     /// The leader asks the owner to hand these partitions to these nodes.
@@ -108,17 +108,6 @@ pub(crate) struct HandoffRow {
     /// The sender's move attempt: a newer one supersedes the older ones'
     /// states of the partition under the token.
     pub(crate) attempt: u64,
-}
-
-/// A trailing field a sender of an older version does not send: postcard
-/// has no field names, so `#[serde(default)]` alone reads past the end and
-/// fails; the end of the input reads as the default.
-fn absent_is_empty<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Ok(Vec::deserialize(d).unwrap_or_default())
 }
 
 /// An error as it crosses the wire.
@@ -198,8 +187,61 @@ pub(crate) fn encode(frame: &Frame) -> Result<Bytes> {
 /// Decode the payload of one length-delimited frame from a peer: with the
 /// codec, the only parser of bytes a peer sends (fuzzed by
 /// `fuzz/fuzz_targets/peer_frames.rs` through [`crate::fuzz`]).
+///
+/// A handoff from a sender of the version before move attempts has no
+/// `manifest`: postcard has no field names, so its frame simply ends where
+/// the field would begin. Only that reads as no rows — a frame that is
+/// exactly an [`OlderFrame`] handoff, to its last byte. Anything else that
+/// fails (a bad length, rows cut short or malformed) is a corrupt frame,
+/// refused like any other.
+///
+/// # Errors
+///
+/// postcard's error for a frame that is not one.
 pub(crate) fn decode_frame(bytes: &[u8]) -> std::result::Result<Frame, postcard::Error> {
-    postcard::from_bytes(bytes)
+    match postcard::from_bytes(bytes) {
+        Err(postcard::Error::DeserializeUnexpectedEnd) => {
+            older_handoff(bytes).ok_or(postcard::Error::DeserializeUnexpectedEnd)
+        }
+        read => read,
+    }
+}
+
+/// `bytes` as an older sender's handoff, if that is all they are.
+fn older_handoff(bytes: &[u8]) -> Option<Frame> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((
+            OlderFrame::Request {
+                id,
+                body: OlderRequest::Handoff { entries },
+            },
+            [],
+        )) => Some(Frame::Request {
+            id,
+            body: PeerRequest::Handoff {
+                entries,
+                manifest: Vec::new(),
+            },
+        }),
+        _ => None,
+    }
+}
+
+/// A frame as a sender of the version before move attempts wrote a
+/// handoff: a request whose handoff has no `manifest`. The variants before
+/// `Handoff` only hold their places (postcard numbers variants in order).
+#[derive(Debug, Serialize, Deserialize)]
+enum OlderFrame {
+    Request { id: u64, body: OlderRequest },
+}
+
+/// [`PeerRequest`] as [`OlderFrame`] reads it.
+#[derive(Debug, Serialize, Deserialize)]
+enum OlderRequest {
+    Hello,
+    Call,
+    Cast,
+    Handoff { entries: Vec<HandoffEntry> },
 }
 
 /// Accept peer connections on `listener` and serve their requests, each
@@ -444,21 +486,6 @@ impl PeerPool {
 mod tests {
     use super::*;
 
-    /// A handoff request as a sender of the version before attempts sent
-    /// it (the variants before it only hold its place).
-    #[derive(Debug, Serialize, Deserialize)]
-    enum OldRequest {
-        Hello,
-        Call,
-        Cast,
-        Handoff { entries: Vec<HandoffEntry> },
-    }
-
-    #[derive(Debug, Serialize, Deserialize)]
-    enum OldFrame {
-        Request { id: u64, body: OldRequest },
-    }
-
     fn entry() -> HandoffEntry {
         HandoffEntry {
             module: "m".to_owned(),
@@ -469,11 +496,40 @@ mod tests {
         }
     }
 
+    fn row() -> HandoffRow {
+        HandoffRow {
+            partition: 3,
+            token: 9,
+            attempt: 4,
+        }
+    }
+
+    fn handoff(id: u64, manifest: Vec<HandoffRow>) -> Frame {
+        Frame::Request {
+            id,
+            body: PeerRequest::Handoff {
+                entries: vec![entry()],
+                manifest,
+            },
+        }
+    }
+
+    /// The manifest `bytes` decode to, or why they do not.
+    fn manifest_of(bytes: &[u8]) -> std::result::Result<Vec<HandoffRow>, postcard::Error> {
+        match decode_frame(bytes)? {
+            Frame::Request {
+                body: PeerRequest::Handoff { manifest, .. },
+                ..
+            } => Ok(manifest),
+            other => panic!("not a handoff: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_handoff_without_a_manifest_still_reads_and_an_older_receiver_reads_one_with() {
-        let old = OldFrame::Request {
+        let old = OlderFrame::Request {
             id: 1,
-            body: OldRequest::Handoff {
+            body: OlderRequest::Handoff {
                 entries: vec![entry()],
             },
         };
@@ -486,34 +542,47 @@ mod tests {
             panic!("not a handoff")
         };
         assert_eq!((entries.len(), manifest.len()), (1, 0));
-        let row = HandoffRow {
-            partition: 3,
-            token: 9,
-            attempt: 4,
-        };
-        let new = Frame::Request {
+        let bytes = encode(&handoff(2, vec![row()])).unwrap();
+        assert_eq!(manifest_of(&bytes).unwrap(), vec![row()]);
+        let OlderFrame::Request {
             id: 2,
-            body: PeerRequest::Handoff {
-                entries: vec![entry()],
-                manifest: vec![row],
-            },
-        };
-        let bytes = encode(&new).unwrap();
-        let Frame::Request {
-            body: PeerRequest::Handoff { manifest, .. },
-            ..
-        } = decode_frame(&bytes).unwrap()
-        else {
-            panic!("not a handoff")
-        };
-        assert_eq!(manifest, vec![row]);
-        let OldFrame::Request {
-            id: 2,
-            body: OldRequest::Handoff { entries },
+            body: OlderRequest::Handoff { entries },
         } = postcard::from_bytes(&bytes).unwrap()
         else {
             panic!("not a handoff")
         };
         assert_eq!(entries[0].state, b"5");
+    }
+
+    /// Only a frame that ends exactly where the manifest begins reads as
+    /// one without; a manifest that is there but corrupt is refused, never
+    /// taken for none (which would lose the attempt's rows and serve its
+    /// states as if no attempt had named them).
+    #[test]
+    fn a_handoff_whose_manifest_is_corrupt_is_refused_not_read_as_none() {
+        let bytes = encode(&handoff(3, vec![row(), row()])).unwrap();
+        // The manifest is the frame's last field: its length (one byte
+        // here), then its rows.
+        let rows = 2 * postcard::to_stdvec(&row()).unwrap().len();
+        let before = &bytes[..bytes.len() - rows - 1];
+        assert_eq!(manifest_of(&bytes).unwrap(), vec![row(), row()]);
+        assert_eq!(manifest_of(before).unwrap(), vec![], "an older sender");
+        let corrupt: [(&str, Vec<u8>); 5] = [
+            ("a length that is no varint", [before, &[0xFF; 11]].concat()),
+            ("a length cut short", [before, &[0x80]].concat()),
+            ("rows cut short", bytes[..bytes.len() - 1].to_vec()),
+            (
+                "a row missing",
+                [before, &[2], &bytes[bytes.len() - rows / 2..]].concat(),
+            ),
+            ("a malformed row", [before, &[1, 3], &[0xFF; 11]].concat()),
+        ];
+        for (what, frame) in corrupt {
+            assert!(
+                manifest_of(&frame).is_err(),
+                "{what}: read as {:?}",
+                manifest_of(&frame)
+            );
+        }
     }
 }
