@@ -70,10 +70,9 @@ pub use error::{Error, Result};
 pub use fief_core as core;
 pub use handoff::LostState;
 pub use host_bytes::{Refusal, TenantHostBytes};
-pub use key::{KeyLife, KeyLifeEvent, LiveKey};
+pub use key::{KeyLife, KeyLifeEvent, KeyLifeObserver, LiveKey};
 pub use limbo::LimboEntry;
 pub use node::{
-    Instance, InstanceBuilder, KeyLifeObserver, LeaseState, LeaveReport, ModuleInfo, NodeStatus,
-    Status,
+    Instance, InstanceBuilder, LeaseState, LeaveReport, ModuleInfo, NodeStatus, Status,
 };
 pub use sandbox::{DirGrant, TenantLimits};

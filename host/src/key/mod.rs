@@ -21,6 +21,9 @@
 //!   ([`KeyControl`]), the messages it takes ([`Envelope`], [`Via`]), the
 //!   life events it reports ([`KeyLife`]) and the crate's [`lock`] helper. It
 //!   must not run guest code or hold a key's process;
+//! - `services.rs`: the layer's one way up to its node — the parts of the
+//!   node a key shares with it (`KeyServices`) and the node operations it
+//!   may ask for (`KeyNode`); nothing in `key/` names the node;
 //! - `process.rs`: the process itself — its store (`KeyCtx`), the side-effect
 //!   gate, the epoch callback, the guest's callbacks, why it died;
 //! - `slot.rs`: a module's table of live keys (`ModuleSlot`): delivery and
@@ -32,6 +35,7 @@
 
 mod inline;
 mod process;
+mod services;
 mod slot;
 mod storage;
 mod task;
@@ -49,6 +53,8 @@ use crate::error::{Error, Result};
 
 use inline::Orphan;
 pub(crate) use process::{KeyCtx, KeyEnv, arm_timer, reserve_timer, spawn_timer};
+pub use services::KeyLifeObserver;
+pub(crate) use services::{KeyNode, KeyServices, NodeFuture};
 pub use slot::LiveKey;
 pub(crate) use slot::ModuleSlot;
 pub(crate) use storage::Output;

@@ -20,7 +20,6 @@ use serde::Serialize;
 
 use super::{Instance, NodeShared};
 use crate::bindings::types::StopReason;
-use crate::config::ModuleOptions;
 use crate::error::{Error, Result};
 use crate::handoff::LostState;
 use crate::key::lock;
@@ -33,16 +32,6 @@ impl NodeShared {
             tracing::warn!(node = %self.node_id, module = %l.module, key = %l.key, reason = %l.reason, "a handoff state was dropped");
         }
         self.metrics.handoff_states(event, lost.len());
-    }
-
-    /// The largest handoff state a key of a module with `options` may hand
-    /// on: its `max_handoff_size`, at most the node's `max_message_size`.
-    pub(crate) fn max_handoff_size(&self, options: &ModuleOptions) -> usize {
-        let node = self.config.max_message_size;
-        options
-            .max_handoff_size
-            .map_or(node, |l| l.min(node))
-            .as_u64() as usize
     }
 
     /// Stop every live key of `partitions` with `handoff`, collecting their
