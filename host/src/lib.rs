@@ -62,7 +62,7 @@ mod transport;
 pub use bindings::types::StopReason;
 pub use cache::{Cache, CacheEntry, CacheStats};
 pub use clock::{NodeClock, SteppedClock, TokioClock};
-pub use config::{CpuCores, ModuleCeilings, ModuleOptions, NodeConfig};
+pub use config::{CpuCores, DirGrant, ModuleCeilings, ModuleOptions, NodeConfig};
 pub use cpu_budget::TenantCpuReport;
 pub use dashboard::{ClusterView, ModuleView};
 pub use deploy::ModuleListing;
@@ -75,4 +75,4 @@ pub use limbo::LimboEntry;
 pub use node::{
     Instance, InstanceBuilder, LeaseState, LeaveReport, ModuleInfo, NodeStatus, Status,
 };
-pub use sandbox::{DirGrant, TenantLimits};
+pub use sandbox::TenantLimits;
