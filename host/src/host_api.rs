@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 use crate::auth::{guest_module, guest_scoped};
 use crate::bindings::host::Host;
 use crate::bindings::types::{self, CacheError, CallError, EffectError, LogLevel};
-use crate::cache::{CacheOp, CacheOutcome, Expect, unexpected_outcome};
+use crate::cache::unexpected_outcome;
 use crate::error::Error;
 use crate::host_bytes::SUBSCRIPTION_OVERHEAD;
 use crate::key::{KeyCtx, KeyNode, KeyServices, Output, arm_timer, reserve_timer};
 use crate::pubsub::MAX_TOPIC_BYTES;
+use crate::wire::{CacheOp, CacheOutcome, Expect};
 
 impl types::Host for KeyCtx {}
 

@@ -58,6 +58,7 @@ pub mod storage;
 mod storage_api;
 pub mod tls;
 mod transport;
+mod wire;
 
 pub use bindings::types::StopReason;
 pub use cache::{Cache, CacheEntry, CacheStats};

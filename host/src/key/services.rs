@@ -24,7 +24,6 @@ use tokio::runtime::Handle;
 use tokio_util::task::TaskTracker;
 
 use super::{KeyLife, KeyLifeEvent};
-use crate::cache::{CacheOp, CacheOutcome};
 use crate::clock::NodeClock;
 use crate::config::{ModuleOptions, NodeConfig};
 use crate::cpu_budget::TenantCpuMeters;
@@ -36,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
 use crate::storage::writer::StorageWriter;
+use crate::wire::{CacheOp, CacheOutcome};
 
 /// Receives every key process's start and end (see [`KeyLife`]).
 pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;

@@ -57,7 +57,8 @@ use crate::handoff::{HandoffStates, LostState};
 use crate::key::{Envelope, KeyServices, LiveKey, ModuleSlot, Via, lock};
 use crate::limbo::LimboEntry;
 use crate::scheduler::GuestPool;
-use crate::transport::{HandoffEntry, PeerPool};
+use crate::transport::PeerPool;
+use crate::wire::HandoffEntry;
 
 use coordination::Coordination;
 pub use moves::LeaveReport;

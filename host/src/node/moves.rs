@@ -23,7 +23,7 @@ use crate::bindings::types::StopReason;
 use crate::error::{Error, Result};
 use crate::handoff::LostState;
 use crate::key::lock;
-use crate::transport::{HandoffEntry, PeerRequest};
+use crate::wire::{HandoffEntry, PeerRequest};
 
 impl NodeShared {
     /// Log and count handoff states this node had to drop.
@@ -173,7 +173,7 @@ impl NodeShared {
             // names: however many states, none is too large to send (each is
             // at most the module's max_handoff_size, at most max_message_size).
             let budget = node.config.max_message_size.as_u64() as usize
-                + crate::transport::FRAME_OVERHEAD / 2;
+                + crate::wire::FRAME_OVERHEAD / 2;
             let limit = node.config.call_timeout;
             let mut result = Ok(());
             for (manifest, entries) in crate::handoff::frames(manifest, entries, budget) {

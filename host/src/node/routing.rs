@@ -16,11 +16,10 @@ use std::time::Duration;
 use fief_core::{NodeId, OwnershipToken, PartitionId, Route, RouteRefusal};
 
 use super::NodeShared;
-use crate::cache::{CacheOp, CacheOutcome};
 use crate::config::validate_key;
 use crate::error::{Error, Result};
 use crate::key::{Envelope, KeyNode, ModuleSlot, NodeFuture, Via, lock};
-use crate::transport::PeerRequest;
+use crate::wire::{CacheOp, CacheOutcome, PeerRequest};
 
 impl NodeShared {
     /// Decide where a message for `key` goes, as of now. A partition being
