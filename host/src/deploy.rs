@@ -31,9 +31,10 @@ use crate::bindings::types::StopReason;
 use crate::compile_worker::CompileWorker;
 use crate::config::{ModuleOptions, validate_module_name};
 use crate::error::{Error, Result};
-use crate::key::{ModuleSlot, lock};
+use crate::key::ModuleSlot;
 use crate::module::{self, Code, CompiledModule};
 use crate::node::{Instance, ModuleInfo, NodeShared, module_info};
+use crate::sync::lock;
 use crate::wire::{LoadedModules, PeerRequest};
 
 /// How long one module store operation may take (a listing, or moving a

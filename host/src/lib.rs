@@ -56,6 +56,7 @@ mod sandbox;
 mod scheduler;
 pub mod storage;
 mod storage_api;
+mod sync;
 pub mod tls;
 mod transport;
 mod wire;

@@ -29,9 +29,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
-use crate::key::lock;
 use crate::node::NodeShared;
 use crate::peer_auth::{PeerFramed, PeerSecurity};
+use crate::sync::lock;
 use crate::wire::{Frame, PeerRequest, WireError, codec, decode_frame, encode};
 
 /// Frames that may wait to be written on one connection.

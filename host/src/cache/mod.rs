@@ -37,8 +37,8 @@ use serde::Serialize;
 
 use crate::config::validate_key;
 use crate::error::{Error, Result};
-use crate::key::lock;
 use crate::node::{NodeShared, refused};
+use crate::sync::lock;
 pub use crate::wire::{CacheEntry, Expect};
 use crate::wire::{CacheOp, CacheOutcome, PeerRequest};
 

@@ -19,7 +19,7 @@
 //! The parts, one concept each:
 //! - this file: the small types every part shares — a key's kill switch
 //!   ([`KeyControl`]), the messages it takes ([`Envelope`], [`Via`]), the
-//!   life events it reports ([`KeyLife`]) and the crate's [`lock`] helper. It
+//!   life events it reports ([`KeyLife`]). It
 //!   must not run guest code or hold a key's process;
 //! - `services.rs`: the layer's one way up to its node — the parts of the
 //!   node a key shares with it (`KeyServices`) and the node operations it
@@ -41,8 +41,8 @@ mod storage;
 mod task;
 
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::futures::Notified;
@@ -50,6 +50,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::bindings::types::{Info, StopReason};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 use inline::Orphan;
 pub(crate) use process::{KeyCtx, KeyEnv, arm_timer, reserve_timer, spawn_timer};
@@ -58,12 +59,6 @@ pub(crate) use services::{KeyNode, KeyServices, NodeFuture};
 pub use slot::LiveKey;
 pub(crate) use slot::ModuleSlot;
 pub(crate) use storage::Output;
-
-/// Lock a std mutex, ignoring poisoning: every critical section here leaves
-/// the data consistent before it can panic.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// The kill switch of one key process.
 ///

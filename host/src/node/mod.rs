@@ -54,9 +54,10 @@ use crate::cache::{Cache, CacheStore};
 use crate::config::{ModuleOptions, NodeConfig};
 use crate::error::{Error, Result};
 use crate::handoff::{HandoffStates, LostState};
-use crate::key::{Envelope, KeyServices, LiveKey, ModuleSlot, Via, lock};
+use crate::key::{Envelope, KeyServices, LiveKey, ModuleSlot, Via};
 use crate::limbo::LimboEntry;
 use crate::scheduler::GuestPool;
+use crate::sync::lock;
 use crate::transport::PeerPool;
 use crate::wire::HandoffEntry;
 

@@ -22,7 +22,7 @@ use super::{Instance, NodeShared};
 use crate::bindings::types::StopReason;
 use crate::error::{Error, Result};
 use crate::handoff::LostState;
-use crate::key::lock;
+use crate::sync::lock;
 use crate::wire::{HandoffEntry, PeerRequest};
 
 impl NodeShared {

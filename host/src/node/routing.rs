@@ -18,7 +18,8 @@ use fief_core::{NodeId, OwnershipToken, PartitionId, Route, RouteRefusal};
 use super::NodeShared;
 use crate::config::validate_key;
 use crate::error::{Error, Result};
-use crate::key::{Envelope, KeyNode, ModuleSlot, NodeFuture, Via, lock};
+use crate::key::{Envelope, KeyNode, ModuleSlot, NodeFuture, Via};
+use crate::sync::lock;
 use crate::wire::{CacheOp, CacheOutcome, PeerRequest};
 
 impl NodeShared {
