@@ -3,7 +3,8 @@
 //! request.
 //!
 //! The handshake is a challenge-response in both directions, in postcard
-//! frames on the connection's own length-delimited codec:
+//! frames on the connection's own length-delimited codec (the frames are
+//! [`crate::wire::Handshake`]; this file runs the exchange and checks it):
 //!
 //! 1. the dialling node sends `ClientHello { nonce_c, secret }`;
 //! 2. the accepting node answers `ServerHello { nonce_s, proof_s }` where
