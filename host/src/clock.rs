@@ -69,7 +69,7 @@ impl NodeClock for TokioClock {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use fief::clock::{NodeClock, SteppedClock};
+/// use fief::{NodeClock, SteppedClock};
 /// use fief_core::{Clock, Instant};
 /// use std::time::Duration;
 ///

@@ -50,8 +50,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::key::lock;
 use crate::metrics::SecondsCounter;
+use crate::sync::lock;
 
 /// A share of one core, in thousandths (millicores): `250m` is a quarter of
 /// a core. Written `250m`, `0.25`, `25%` or `1`; between `1m` and `1`

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::arbiter::{ANONYMOUS, ModuleVersionRecord, NewModuleVersion};
@@ -31,10 +31,11 @@ use crate::bindings::types::StopReason;
 use crate::compile_worker::CompileWorker;
 use crate::config::{ModuleOptions, validate_module_name};
 use crate::error::{Error, Result};
-use crate::key::{ModuleSlot, lock};
+use crate::key::ModuleSlot;
 use crate::module::{self, Code, CompiledModule};
 use crate::node::{Instance, ModuleInfo, NodeShared, module_info};
-use crate::transport::PeerRequest;
+use crate::sync::lock;
+use crate::wire::{LoadedModules, PeerRequest};
 
 /// How long one module store operation may take (a listing, or moving a
 /// large component's bytes).
@@ -123,10 +124,6 @@ pub struct ModuleListing {
     /// Live keys of the module on this node.
     pub live_keys: usize,
 }
-
-/// What a node has loaded, as one peer tells another: (module, version).
-#[derive(Serialize, Deserialize)]
-struct Loaded(Vec<(String, u64)>);
 
 /// Check a module name as the store keeps it: a plain name, or a tenant's
 /// `tenant/name` (the API layer qualifies a tenant's names), each part a
@@ -593,7 +590,7 @@ impl NodeShared {
 
     /// The versions installed here, encoded for a peer.
     pub(crate) fn loaded_modules(&self) -> Vec<u8> {
-        let loaded = Loaded(
+        let loaded = LoadedModules(
             self.slots()
                 .iter()
                 .map(|slot| (slot.name.to_string(), slot.current().version))
@@ -627,8 +624,8 @@ impl NodeShared {
             .iter()
             .zip(futures_util::future::join_all(requests).await)
         {
-            match answer.map(|bytes| postcard::from_bytes::<Loaded>(&bytes)) {
-                Ok(Ok(Loaded(loaded))) => {
+            match answer.map(|bytes| postcard::from_bytes::<LoadedModules>(&bytes)) {
+                Ok(Ok(LoadedModules(loaded))) => {
                     everywhere.insert(node.clone(), loaded.into_iter().collect());
                 }
                 Ok(Err(e)) => {

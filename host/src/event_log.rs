@@ -27,8 +27,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::key::{Envelope, KeyEnv, KeyLife, KeyLifeEvent, Via};
-use crate::node::{KeyLifeObserver, NodeShared};
+use crate::key::{Envelope, KeyEnv, KeyLife, KeyLifeEvent, KeyLifeObserver, KeyServices, Via};
 
 /// Something a node did that a single-ownership checker needs, besides key
 /// lives; reported to the observer installed with
@@ -101,7 +100,7 @@ pub type NodeEventObserver = Arc<dyn Fn(NodeEvent) + Send + Sync>;
 /// anything else the key loop takes (timers, pub/sub, local handles, stops)
 /// is not reported. Called by the key loop just before the guest gets it.
 pub(crate) fn report_processing(
-    node: &NodeShared,
+    services: &KeyServices,
     env: &KeyEnv,
     envelope: &Envelope,
     checked_at: Instant,
@@ -115,29 +114,29 @@ pub(crate) fn report_processing(
         Envelope::Cast { message } => (MessageKind::Cast, message),
         _ => return,
     };
-    report_routed(node, env, kind, message, checked_at);
+    report_routed(services, env, kind, message, checked_at);
 }
 
 /// Report a routed call that runs inline, on its caller's task (the key was
 /// idle), and passed the fence check at `checked_at`, as
 /// [`NodeEventKind::Processing`], like the key loop's [`report_processing`].
 pub(crate) fn report_inline_call(
-    node: &NodeShared,
+    services: &KeyServices,
     env: &KeyEnv,
     message: &[u8],
     checked_at: Instant,
 ) {
-    report_routed(node, env, MessageKind::Call, message, checked_at);
+    report_routed(services, env, MessageKind::Call, message, checked_at);
 }
 
 fn report_routed(
-    node: &NodeShared,
+    services: &KeyServices,
     env: &KeyEnv,
     kind: MessageKind,
     message: &[u8],
     checked_at: Instant,
 ) {
-    node.report(
+    services.report(
         checked_at,
         NodeEventKind::Processing {
             module: env.module.to_string(),

@@ -12,7 +12,7 @@ use crate::config::{ByteSize, ModuleOptions, NodeConfig};
 use crate::error::Result;
 use crate::module::compile;
 use crate::runtime::Runtime;
-use crate::transport::{codec, decode_frame, encode};
+use crate::wire::{codec, decode_frame, encode};
 
 /// Largest frame payload the frame target accepts (a node's
 /// `max_message_size` plus the frame overhead, as on a real connection).

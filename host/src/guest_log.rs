@@ -44,7 +44,7 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use crate::bindings::types::LogLevel;
 use crate::config::ByteSize;
-use crate::key::lock;
+use crate::sync::lock;
 
 /// Longest log line a guest can make, in bytes (the truncation mark comes
 /// on top).

@@ -35,7 +35,7 @@ use fief_core::handoff::{self, Attempt, Entry, Row, Store, Taken};
 use fief_core::{NodeId, OwnershipTable, OwnershipToken, PartitionId};
 
 use crate::host_bytes::{Held, TenantLedgers};
-use crate::transport::{HandoffEntry, HandoffRow};
+use crate::wire::{HandoffEntry, HandoffRow};
 
 /// A waiting state's key: (module, key).
 type Name = (String, String);

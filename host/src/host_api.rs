@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 use crate::auth::{guest_module, guest_scoped};
 use crate::bindings::host::Host;
 use crate::bindings::types::{self, CacheError, CallError, EffectError, LogLevel};
-use crate::cache::{CacheOp, CacheOutcome, Expect, unexpected_outcome};
+use crate::cache::unexpected_outcome;
 use crate::error::Error;
 use crate::host_bytes::SUBSCRIPTION_OVERHEAD;
-use crate::key::{KeyCtx, Output, arm_timer, reserve_timer};
+use crate::key::{KeyCtx, KeyNode, KeyServices, Output, arm_timer, reserve_timer};
 use crate::pubsub::MAX_TOPIC_BYTES;
+use crate::wire::{CacheOp, CacheOutcome, Expect};
 
 impl types::Host for KeyCtx {}
 
@@ -116,7 +117,7 @@ impl Host for KeyCtx {
     ) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
         let start = Instant::now();
         let lifted = module.len() + key.len() + message.len();
-        let node = self.gate()?;
+        let (_, node) = self.gate_node()?;
         // The callee may act on this call: the writes before it land first.
         self.flush_storage().await?;
         let module = match guest_module(&self.env.module, &module) {
@@ -132,9 +133,7 @@ impl Host for KeyCtx {
         }
         self.charge_host(start.elapsed(), lifted)?;
         let timeout = Duration::from_millis(u64::from(timeout_ms));
-        let result = node
-            .call_with_timeout(&module, &key, message, timeout)
-            .await;
+        let result = node.call_key(module, key, message, timeout).await;
         let resumed = Instant::now();
         // The world may have changed while this key waited.
         self.gate()?;
@@ -160,7 +159,7 @@ impl Host for KeyCtx {
     ) -> wasmtime::Result<Result<Option<types::CacheEntry>, CacheError>> {
         let start = Instant::now();
         let lifted = namespace.len() + key.len();
-        let node = self.gate()?;
+        let (_, node) = self.gate_node()?;
         let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
             Ok(namespace) => namespace,
             Err(e) => {
@@ -170,7 +169,7 @@ impl Host for KeyCtx {
         };
         let op = CacheOp::Get { namespace, key };
         self.charge_host(start.elapsed(), lifted)?;
-        let outcome = node.cache_op(op).await;
+        let outcome = node.cache(op).await;
         let resumed = Instant::now();
         self.gate()?;
         let result = outcome
@@ -196,9 +195,9 @@ impl Host for KeyCtx {
     ) -> wasmtime::Result<Result<u64, CacheError>> {
         let start = Instant::now();
         let lifted = namespace.len() + key.len() + value.len();
-        let node = self.gate()?;
+        let (services, node) = self.gate_node()?;
         self.flush_storage().await?;
-        if let Err(e) = node.check_message(&value) {
+        if let Err(e) = services.check_message(&value) {
             self.charge_host(start.elapsed(), lifted)?;
             return Ok(Err(cache_error(e)));
         }
@@ -217,7 +216,7 @@ impl Host for KeyCtx {
             expect: expectation(expected_version),
         };
         self.charge_host(start.elapsed(), lifted)?;
-        let outcome = node.cache_op(op).await;
+        let outcome = node.cache(op).await;
         let resumed = Instant::now();
         self.gate()?;
         let result = outcome
@@ -239,7 +238,7 @@ impl Host for KeyCtx {
     ) -> wasmtime::Result<Result<bool, CacheError>> {
         let start = Instant::now();
         let lifted = namespace.len() + key.len();
-        let node = self.gate()?;
+        let (_, node) = self.gate_node()?;
         self.flush_storage().await?;
         let namespace = match guest_cache_namespace(&self.env.module, &namespace) {
             Ok(namespace) => namespace,
@@ -254,7 +253,7 @@ impl Host for KeyCtx {
             expect: expectation(expected_version),
         };
         self.charge_host(start.elapsed(), lifted)?;
-        let outcome = node.cache_op(op).await;
+        let outcome = node.cache(op).await;
         let resumed = Instant::now();
         self.gate()?;
         let result = outcome
@@ -289,14 +288,14 @@ impl KeyCtx {
         delay_ms: u64,
         tag: Vec<u8>,
     ) -> wasmtime::Result<Result<u64, EffectError>> {
-        let node = self.gate()?;
+        let services = self.gate()?;
         if self.timers.len() >= self.env.max_timers as usize {
             return Ok(Err(EffectError::Limit(format!(
                 "this key already has {} timers armed (max_timers_per_key)",
                 self.timers.len()
             ))));
         }
-        let limit = node.config.max_message_size.as_u64() as usize;
+        let limit = services.config.max_message_size.as_u64() as usize;
         if tag.len() > limit {
             return Ok(Err(EffectError::Invalid(format!(
                 "a timer tag is at most {limit} bytes (max_message_size)"
@@ -323,7 +322,7 @@ impl KeyCtx {
     }
 
     fn subscribe_now(&mut self, topic: String) -> wasmtime::Result<Result<(), EffectError>> {
-        let node = self.gate()?;
+        let services = self.gate()?;
         if let Err(e) = Self::check_topic(&topic) {
             return Ok(Err(e));
         }
@@ -347,7 +346,7 @@ impl KeyCtx {
             Ok(held) => held,
             Err(refusal) => return Ok(Err(EffectError::Limit(refusal.to_string()))),
         };
-        node.pubsub.subscribe(
+        services.pubsub.subscribe(
             &topic,
             &self.env.module,
             &self.env.key,
@@ -361,10 +360,14 @@ impl KeyCtx {
     fn unsubscribe_now(&mut self, topic: &str) -> wasmtime::Result<()> {
         let topic = guest_scoped(&self.env.module, topic);
         if self.subscriptions.remove(&topic).is_some()
-            && let Some(node) = self.env.node.upgrade()
+            && let Some(services) = self.env.services.upgrade()
         {
-            node.pubsub
-                .unsubscribe(&topic, &self.env.module, &self.env.key, self.env.generation);
+            services.pubsub.unsubscribe(
+                &topic,
+                &self.env.module,
+                &self.env.key,
+                self.env.generation,
+            );
         }
         Ok(())
     }
@@ -374,25 +377,25 @@ impl KeyCtx {
         topic: &str,
         payload: &[u8],
     ) -> wasmtime::Result<Result<u32, EffectError>> {
-        let node = self.gate()?;
+        let services = self.gate()?;
         if let Err(e) = Self::check_topic(topic) {
             return Ok(Err(e));
         }
         let topic = guest_scoped(&self.env.module, topic);
-        let limit = node.config.max_message_size.as_u64() as usize;
+        let limit = services.config.max_message_size.as_u64() as usize;
         if payload.len() > limit {
             return Ok(Err(EffectError::Invalid(format!(
                 "a payload of {} bytes is over max_message_size ({limit} bytes)",
                 payload.len()
             ))));
         }
-        if let Err(why) = self.publishes.take(node.clock.now()) {
+        if let Err(why) = self.publishes.take(services.clock.now()) {
             return Ok(Err(EffectError::Limit(why)));
         }
         if self.storage.holding() {
             // Delivered once the callback's writes are committed, to the
             // subscribers there are then; it answers how many there are now.
-            let subscribers = node.pubsub.subscribers(&topic);
+            let subscribers = services.pubsub.subscribers(&topic);
             let bytes = topic.len() + payload.len();
             let publication = Output::Publish {
                 topic,
@@ -404,7 +407,7 @@ impl KeyCtx {
                 .map(|()| subscribers)
                 .map_err(|refusal| EffectError::Limit(refusal.to_string())));
         }
-        Ok(Ok(node.pubsub.publish(&topic, payload)))
+        Ok(Ok(services.pubsub.publish(&topic, payload)))
     }
 
     fn cast_now(
@@ -413,13 +416,13 @@ impl KeyCtx {
         key: &str,
         message: Vec<u8>,
     ) -> wasmtime::Result<Result<(), EffectError>> {
-        let node = self.gate()?;
+        let (services, node) = self.gate_node()?;
         let module = guest_module(&self.env.module, module);
         if self.storage.holding() {
-            return Ok(self.hold_cast(&node, module, key, message));
+            return Ok(self.hold_cast((&services, &*node), module, key, message));
         }
         Ok(module
-            .and_then(|module| node.cast(&module, key, message))
+            .and_then(|module| node.cast_key(&module, key, message))
             .map_err(|e| match e {
                 Error::UnknownModule(m) => EffectError::UnknownModule(m),
                 Error::Overloaded { .. } | Error::TooManyKeys { .. } | Error::PoolFull { .. } => {
@@ -435,16 +438,17 @@ impl KeyCtx {
     /// size), sent once the writes are committed.
     fn hold_cast(
         &mut self,
-        node: &crate::node::NodeShared,
+        (services, node): (&KeyServices, &dyn KeyNode),
         module: Result<String, Error>,
         key: &str,
         message: Vec<u8>,
     ) -> Result<(), EffectError> {
         let module = module.map_err(|e| EffectError::Invalid(e.to_string()))?;
-        if node.module(&module).is_err() {
+        if !node.has_module(&module) {
             return Err(EffectError::UnknownModule(module));
         }
-        node.check_message(&message)
+        services
+            .check_message(&message)
             .map_err(|e| EffectError::Invalid(e.to_string()))?;
         let bytes = module.len() + key.len() + message.len();
         let cast = Output::Cast {

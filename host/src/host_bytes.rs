@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::key::lock;
+use crate::sync::lock;
 
 /// Bytes charged for each queued message on top of its payload: the queue
 /// slot and the envelope.

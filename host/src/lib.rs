@@ -13,24 +13,31 @@
 
 pub mod arbiter;
 pub mod auth;
+// Public only for the benches' raw-wasmtime baseline
+// (benches/benches/common/mod.rs implements these bindings' `Host` traits on a
+// bare store, to measure Fief against wasmtime alone); not API.
+#[doc(hidden)]
 pub mod bindings;
 pub mod cache;
-pub mod clock;
+mod clock;
 pub mod compile_cache;
 pub mod compile_worker;
 pub mod config;
 mod cpu_budget;
-pub mod dashboard;
+mod dashboard;
 mod dedicated;
 mod deploy;
-pub mod error;
+mod error;
 pub mod event_log;
+// Public only for the cargo-fuzz targets (fuzz/fuzz_targets/), a workspace
+// of their own that can reach nothing private; not API.
+#[doc(hidden)]
 pub mod fuzz;
 mod guest_log;
 mod handoff;
 mod heap_trim;
 mod host_api;
-pub mod host_bytes;
+mod host_bytes;
 pub mod http;
 pub mod http_limits;
 mod http_modules;
@@ -39,31 +46,35 @@ mod limbo;
 mod listener;
 mod load_ceilings;
 mod mailbox;
-pub mod metrics;
+mod metrics;
 pub mod module;
 mod node;
 mod peer_auth;
 mod pubsub;
 mod runtime;
-pub mod sandbox;
+mod sandbox;
 mod scheduler;
 pub mod storage;
 mod storage_api;
+mod sync;
 pub mod tls;
 mod transport;
+mod wire;
 
 pub use bindings::types::StopReason;
 pub use cache::{Cache, CacheEntry, CacheStats};
-pub use clock::{SteppedClock, TokioClock};
-pub use config::{CpuCores, ModuleCeilings, ModuleOptions, NodeConfig};
+pub use clock::{NodeClock, SteppedClock, TokioClock};
+pub use config::{CpuCores, DirGrant, ModuleCeilings, ModuleOptions, NodeConfig};
+pub use cpu_budget::TenantCpuReport;
+pub use dashboard::{ClusterView, ModuleView};
 pub use deploy::ModuleListing;
 pub use error::{Error, Result};
 pub use fief_core as core;
 pub use handoff::LostState;
-pub use key::{KeyLife, KeyLifeEvent, LiveKey};
+pub use host_bytes::{Refusal, TenantHostBytes};
+pub use key::{KeyLife, KeyLifeEvent, KeyLifeObserver, LiveKey};
 pub use limbo::LimboEntry;
 pub use node::{
-    Instance, InstanceBuilder, KeyLifeObserver, LeaseState, LeaveReport, ModuleInfo, NodeStatus,
-    Status,
+    Instance, InstanceBuilder, LeaseState, LeaveReport, ModuleInfo, NodeStatus, Status,
 };
 pub use sandbox::TenantLimits;

@@ -49,8 +49,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
 use crate::http_limits::{HeadRefusal, HeadScan, HttpLimits, MAX_HEAD_BYTES, error_response};
-use crate::key::lock;
 use crate::node::Instance;
+use crate::sync::lock;
 
 /// Most connections being closed to admit new ones at the cap at once;
 /// beyond, new connections are refused.

@@ -3,7 +3,8 @@
 //! request.
 //!
 //! The handshake is a challenge-response in both directions, in postcard
-//! frames on the connection's own length-delimited codec:
+//! frames on the connection's own length-delimited codec (the frames are
+//! [`crate::wire::Handshake`]; this file runs the exchange and checks it):
 //!
 //! 1. the dialling node sends `ClientHello { nonce_c, secret }`;
 //! 2. the accepting node answers `ServerHello { nonce_s, proof_s }` where
@@ -28,7 +29,6 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use hmac::{Hmac, Mac};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -37,6 +37,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::tls::PeerTlsConfig;
+use crate::wire::Handshake;
 
 /// Shortest cluster secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 16;
@@ -105,27 +106,6 @@ impl ClusterSecret {
 
 const SERVER_LABEL: &[u8] = b"fief-peer-server";
 const CLIENT_LABEL: &[u8] = b"fief-peer-client";
-
-/// The handshake's frames.
-#[derive(Debug, Serialize, Deserialize)]
-enum Handshake {
-    ClientHello {
-        version: u32,
-        nonce: [u8; 32],
-        secret: bool,
-    },
-    ServerHello {
-        nonce: [u8; 32],
-        proof: Option<[u8; 32]>,
-    },
-    ClientProof {
-        proof: Option<[u8; 32]>,
-    },
-    Accepted,
-    Refused {
-        why: String,
-    },
-}
 
 /// How this node secures its peer links.
 #[derive(Default)]

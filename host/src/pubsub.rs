@@ -13,8 +13,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::bindings::types::{Info, Publication};
-use crate::key::{Envelope, lock};
+use crate::key::Envelope;
 use crate::mailbox::WeakMailbox;
+use crate::sync::lock;
 
 /// Longest topic name, in bytes.
 pub const MAX_TOPIC_BYTES: usize = 256;

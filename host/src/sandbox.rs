@@ -8,7 +8,8 @@
 //! and rate-limited like the `log` import; wall and monotonic clocks and
 //! random numbers are allowed. The one capability a module's options may
 //! grant is one host directory, preopened read-only or
-//! read-write at [`GUEST_DIR`] ([`DirGrant`], the `dir` option). Naming host
+//! read-write at [`GUEST_DIR`] ([`DirGrant`], the `dir` option, a plain
+//! value of `crate::config`). Naming host
 //! paths is an operator's decision: a deploy without tenant caps (the admin)
 //! may name any directory; a tenant's deploy only a directory under one its
 //! [`TenantLimits::allowed_dirs`] grants, with no more permission than the
@@ -21,107 +22,19 @@
 //! option and the cap. [`PublishBucket`] is the per-key publish rate limit.
 
 use std::fmt;
-use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fief_core::Instant;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use wasmtime_wasi::{FsPerms, ResourceTable, WasiCtx};
 
-use crate::config::{ByteSize, ModuleOptions};
+use crate::config::{ByteSize, DirGrant, ModuleOptions};
 use crate::error::{Error, Result};
 use crate::guest_log::{GuestLog, GuestLogger, LOG_BURST_SECONDS, MAX_LOG_LINE, Stream};
 
 /// Where a module's granted directory appears inside its keys.
 pub const GUEST_DIR: &str = "/data";
-
-/// One host directory granted to a module's keys, read-only or read-write.
-///
-/// Written `"/srv/data:ro"` or `"/srv/data:rw"` (a path without a suffix is
-/// read-only). The path must be absolute.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirGrant {
-    /// The directory on the node's host.
-    pub host: PathBuf,
-    /// Whether keys may create, write and delete files in it.
-    pub writable: bool,
-}
-
-impl FromStr for DirGrant {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let (path, writable) = match s.rsplit_once(':') {
-            Some((path, "ro")) => (path, false),
-            Some((path, "rw")) => (path, true),
-            _ => (s, false),
-        };
-        let host = PathBuf::from(path);
-        if !host.is_absolute() {
-            return Err(format!(
-                "dir {s:?}: the host directory must be an absolute path, written \
-                 /path:ro (read-only) or /path:rw (read-write)"
-            ));
-        }
-        Ok(DirGrant { host, writable })
-    }
-}
-
-impl fmt::Display for DirGrant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mode = if self.writable { "rw" } else { "ro" };
-        write!(f, "{}:{mode}", self.host.display())
-    }
-}
-
-impl Serialize for DirGrant {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for DirGrant {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-impl DirGrant {
-    /// Check, at deploy, that the directory exists and is a directory.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidOptions`] naming the path and what is wrong.
-    pub fn check_exists(&self) -> Result<()> {
-        match std::fs::metadata(&self.host) {
-            Ok(m) if m.is_dir() => Ok(()),
-            Ok(_) => Err(Error::InvalidOptions(format!(
-                "dir {}: not a directory",
-                self.host.display()
-            ))),
-            Err(e) => Err(Error::InvalidOptions(format!(
-                "dir {}: {e}; create the directory on every node first",
-                self.host.display()
-            ))),
-        }
-    }
-
-    /// Whether `self` lies within `outer` (after resolving `..` and symbolic
-    /// links) and asks for no more permission than it.
-    fn within(&self, outer: &DirGrant) -> bool {
-        let (Ok(inner_path), Ok(outer_path)) = (
-            std::fs::canonicalize(&self.host),
-            std::fs::canonicalize(&outer.host),
-        ) else {
-            return false;
-        };
-        inner_path.starts_with(&outer_path) && (outer.writable || !self.writable)
-    }
-}
 
 /// Caps on a tenant's module options: a module of the tenant may not ask for
 /// more than these. `None` leaves an option uncapped (up to the node's own
@@ -575,20 +488,6 @@ mod tests {
                 .any(|(n, v)| *n == "filesystem" && v == "/srv/data at /data (read-write)"),
             "{lines:?}"
         );
-    }
-
-    #[test]
-    fn dir_grants_parse_and_refuse_relative_paths() {
-        let ro: DirGrant = "/srv/data:ro".parse().unwrap();
-        assert_eq!(ro.host, PathBuf::from("/srv/data"));
-        assert!(!ro.writable);
-        let rw: DirGrant = "/srv/data:rw".parse().unwrap();
-        assert!(rw.writable);
-        assert_eq!(rw.to_string(), "/srv/data:rw");
-        let bare: DirGrant = "/srv/data".parse().unwrap();
-        assert!(!bare.writable);
-        let err = "data:ro".parse::<DirGrant>().unwrap_err();
-        assert!(err.contains("absolute"), "{err}");
     }
 
     #[test]

@@ -37,7 +37,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::key::lock;
+use crate::sync::lock;
 
 /// The node's guest threads: a tokio runtime that runs every key task.
 ///

@@ -1,11 +1,13 @@
 //! The node-to-node transport: key messages forwarded to their owner over TCP.
 //!
-//! Frames are length-delimited ([`LengthDelimitedCodec`]) and serialized with
-//! `postcard` (serde); no byte is parsed by hand. One connection per peer,
-//! opened lazily and reopened after a failure; requests on it are
-//! multiplexed by id, each answered by one response. Queues are bounded: a
-//! connection's outgoing queue holds [`OUTGOING_QUEUE`] frames, and a frame is
-//! at most the node's `max_message_size` plus [`FRAME_OVERHEAD`].
+//! Frames are length-delimited and serialized with `postcard` (serde); no
+//! byte is parsed by hand. Their types and their encoding are
+//! [`crate::wire`]'s; this file moves them and must not define any. One
+//! connection per peer, opened lazily and reopened after a failure; requests
+//! on it are multiplexed by id, each answered by one response. Queues are
+//! bounded: a connection's outgoing queue holds [`OUTGOING_QUEUE`] frames,
+//! and a frame is at most the node's `max_message_size` plus
+//! [`FRAME_OVERHEAD`](crate::wire::FRAME_OVERHEAD).
 //!
 //! Every connection is secured first ([`crate::peer_auth`]): TLS if the
 //! node has peer TLS, then the cluster-secret handshake; only then are
@@ -22,185 +24,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::LengthDelimitedCodec;
 
-use crate::cache::CacheOp;
 use crate::error::{Error, Result};
-use crate::key::lock;
 use crate::node::NodeShared;
 use crate::peer_auth::{PeerFramed, PeerSecurity};
+use crate::sync::lock;
+use crate::wire::{Frame, PeerRequest, WireError, codec, decode_frame, encode};
 
-/// Room for everything in a frame besides the message itself.
-pub const FRAME_OVERHEAD: usize = 8 * 1024;
 /// Frames that may wait to be written on one connection.
 pub const OUTGOING_QUEUE: usize = 1024;
 /// How long connecting to a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// What one node asks another.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) enum PeerRequest {
-    /// The first frame on a connection: who is calling, for which namespace.
-    Hello { namespace: String, node: String },
-    /// Call a key; the response carries its reply.
-    Call {
-        module: String,
-        key: String,
-        message: Vec<u8>,
-        timeout_ms: u64,
-    },
-    /// Cast to a key.
-    Cast {
-        module: String,
-        key: String,
-        message: Vec<u8>,
-    },
-    /// Graceful move, step 1: the old owner hands over the state of the keys
-    /// it stopped, before it gives the partitions away (in as many frames as
-    /// the states need, each under the frame limit; see `handoff.rs`), and
-    /// names the move attempt each partition's states belong to: at least
-    /// one frame an attempt, states or none.
-    Handoff {
-        entries: Vec<HandoffEntry>,
-        /// The attempt's rows for this frame's states, and (in its first
-        /// frames) for the attempt's other partitions. Last, so a sender of
-        /// an older version, which sends none, is read as sending none (and
-        /// a receiver of an older version ignores them).
-        #[serde(default, deserialize_with = "absent_is_empty")]
-        manifest: Vec<HandoffRow>,
-    },
-    /// The leader asks the owner to hand these partitions to these nodes.
-    Move { moves: Vec<(u32, String)> },
-    /// The table changed: refresh it now rather than at the next renewal.
-    Nudge,
-    /// A cache operation for a key the receiver owns; the response carries
-    /// the postcard-encoded outcome.
-    Cache(CacheOp),
-    /// Which module versions the receiver has loaded; the response carries
-    /// them postcard-encoded (see `deploy.rs`).
-    LoadedModules,
-}
-
-/// One key's handoff state, on its way to the new owner.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct HandoffEntry {
-    pub(crate) module: String,
-    pub(crate) key: String,
-    /// The key's partition.
-    pub(crate) partition: u32,
-    /// The token the sender holds the partition under: the receiver serves
-    /// the state only if it gets the partition by a handoff from it.
-    pub(crate) token: u64,
-    pub(crate) state: Vec<u8>,
-}
-
-/// One partition of a handoff attempt (`fief_core::handoff::Row`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct HandoffRow {
-    pub(crate) partition: u32,
-    /// The token the sender holds the partition under.
-    pub(crate) token: u64,
-    /// The sender's move attempt: a newer one supersedes the older ones'
-    /// states of the partition under the token.
-    pub(crate) attempt: u64,
-}
-
-/// A trailing field a sender of an older version does not send: postcard
-/// has no field names, so `#[serde(default)]` alone reads past the end and
-/// fails; the end of the input reads as the default.
-fn absent_is_empty<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Ok(Vec::deserialize(d).unwrap_or_default())
-}
-
-/// An error as it crosses the wire.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct WireError {
-    code: String,
-    message: String,
-}
-
-impl From<&Error> for WireError {
-    fn from(e: &Error) -> Self {
-        let message = match e {
-            Error::Rejected(why) => why.clone(),
-            other => other.to_string(),
-        };
-        WireError {
-            code: e.code().to_owned(),
-            message,
-        }
-    }
-}
-
-impl WireError {
-    fn into_error(self, peer: &str) -> Error {
-        match self.code.as_str() {
-            "rejected" => Error::Rejected(self.message),
-            "unknown_module" => Error::Remote {
-                code: "unknown_module".to_owned(),
-                status: 404,
-                message: self.message,
-            },
-            code => Error::Remote {
-                status: code_status(code),
-                code: code.to_owned(),
-                message: format!("{} (from the owner, node {peer})", self.message),
-            },
-        }
-    }
-}
-
-fn code_status(code: &str) -> u16 {
-    match code {
-        "invalid_key" | "invalid_module_name" => 400,
-        "message_too_large" | "cache_entry_too_large" => 413,
-        "init_refused" => 422,
-        "overloaded" | "too_many_keys" | "cache_full" | "compile_busy" => 429,
-        "key_died" | "internal" => 500,
-        "timeout" => 504,
-        _ => 503,
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) enum Frame {
-    Request {
-        id: u64,
-        body: PeerRequest,
-    },
-    Response {
-        id: u64,
-        body: std::result::Result<Vec<u8>, WireError>,
-    },
-}
-
-pub(crate) fn codec(max_message: usize) -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .max_frame_length(max_message + FRAME_OVERHEAD)
-        .new_codec()
-}
-
-pub(crate) fn encode(frame: &Frame) -> Result<Bytes> {
-    postcard::to_stdvec(frame)
-        .map(Bytes::from)
-        .map_err(|e| Error::Internal(format!("encoding a peer frame: {e}")))
-}
-
-/// Decode the payload of one length-delimited frame from a peer: with the
-/// codec, the only parser of bytes a peer sends (fuzzed by
-/// `fuzz/fuzz_targets/peer_frames.rs` through [`crate::fuzz`]).
-pub(crate) fn decode_frame(bytes: &[u8]) -> std::result::Result<Frame, postcard::Error> {
-    postcard::from_bytes(bytes)
-}
 
 /// Accept peer connections on `listener` and serve their requests, each
 /// after its TLS and cluster-secret handshake ([`crate::peer_auth`]).
@@ -437,83 +274,5 @@ impl PeerPool {
             }),
             Ok(Ok(answer)) => answer.map_err(|e| e.into_error(addr)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A handoff request as a sender of the version before attempts sent
-    /// it (the variants before it only hold its place).
-    #[derive(Debug, Serialize, Deserialize)]
-    enum OldRequest {
-        Hello,
-        Call,
-        Cast,
-        Handoff { entries: Vec<HandoffEntry> },
-    }
-
-    #[derive(Debug, Serialize, Deserialize)]
-    enum OldFrame {
-        Request { id: u64, body: OldRequest },
-    }
-
-    fn entry() -> HandoffEntry {
-        HandoffEntry {
-            module: "m".to_owned(),
-            key: "k".to_owned(),
-            partition: 3,
-            token: 9,
-            state: b"5".to_vec(),
-        }
-    }
-
-    #[test]
-    fn a_handoff_without_a_manifest_still_reads_and_an_older_receiver_reads_one_with() {
-        let old = OldFrame::Request {
-            id: 1,
-            body: OldRequest::Handoff {
-                entries: vec![entry()],
-            },
-        };
-        let bytes = postcard::to_stdvec(&old).unwrap();
-        let Frame::Request {
-            id: 1,
-            body: PeerRequest::Handoff { entries, manifest },
-        } = decode_frame(&bytes).unwrap()
-        else {
-            panic!("not a handoff")
-        };
-        assert_eq!((entries.len(), manifest.len()), (1, 0));
-        let row = HandoffRow {
-            partition: 3,
-            token: 9,
-            attempt: 4,
-        };
-        let new = Frame::Request {
-            id: 2,
-            body: PeerRequest::Handoff {
-                entries: vec![entry()],
-                manifest: vec![row],
-            },
-        };
-        let bytes = encode(&new).unwrap();
-        let Frame::Request {
-            body: PeerRequest::Handoff { manifest, .. },
-            ..
-        } = decode_frame(&bytes).unwrap()
-        else {
-            panic!("not a handoff")
-        };
-        assert_eq!(manifest, vec![row]);
-        let OldFrame::Request {
-            id: 2,
-            body: OldRequest::Handoff { entries },
-        } = postcard::from_bytes(&bytes).unwrap()
-        else {
-            panic!("not a handoff")
-        };
-        assert_eq!(entries[0].state, b"5");
     }
 }

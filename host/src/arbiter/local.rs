@@ -18,7 +18,7 @@ use super::{
     Arbiter, ArbiterError, ArbiterFuture, LeaseId, Member, ModuleVersionRecord, NewModuleVersion,
     StoredModule, Term,
 };
-use crate::key::lock;
+use crate::sync::lock;
 
 struct Namespace {
     /// Leases, leader, term and table: `fief-core`'s sans-IO arbiter, the

@@ -33,43 +33,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fief_core::Route;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::config::validate_key;
 use crate::error::{Error, Result};
-use crate::key::lock;
 use crate::node::{NodeShared, refused};
-use crate::transport::PeerRequest;
+use crate::sync::lock;
+pub use crate::wire::{CacheEntry, Expect};
+use crate::wire::{CacheOp, CacheOutcome, PeerRequest};
 
 mod store;
 pub(crate) use store::CacheStore;
 
 /// Longest cache namespace, in bytes.
 pub const MAX_CACHE_NAMESPACE_BYTES: usize = 128;
-
-/// A cached value and its version.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CacheEntry {
-    /// The value, as put.
-    pub value: Vec<u8>,
-    /// Its version: strictly increasing over every write of the partition,
-    /// across owners. Never 0.
-    pub version: u64,
-    /// Time left before it expires, if it was put with a time-to-live.
-    pub expires_in: Option<Duration>,
-}
-
-/// The precondition of a write.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Expect {
-    /// Write whatever is there.
-    #[default]
-    Any,
-    /// Write only if there is no entry (`If-None-Match: *`).
-    Absent,
-    /// Write only if the entry's version is this one (`If-Match`).
-    Version(u64),
-}
 
 /// Options of [`Cache::put`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,60 +77,6 @@ pub struct CacheStats {
     pub bytes: u64,
     /// The bound on `bytes` (`cache_max_bytes`).
     pub max_bytes: u64,
-}
-
-/// One cache operation, as routed to the owner.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) enum CacheOp {
-    Get {
-        namespace: String,
-        key: String,
-    },
-    Put {
-        namespace: String,
-        key: String,
-        value: Vec<u8>,
-        ttl_ms: Option<u64>,
-        expect: Expect,
-    },
-    Delete {
-        namespace: String,
-        key: String,
-        expect: Expect,
-    },
-}
-
-impl CacheOp {
-    fn key(&self) -> &str {
-        let (CacheOp::Get { key, .. } | CacheOp::Put { key, .. } | CacheOp::Delete { key, .. }) =
-            self;
-        key
-    }
-}
-
-/// What the owner answers to a [`CacheOp`] (sent back over the transport).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum CacheOutcome {
-    Found(Option<CacheEntry>),
-    Written {
-        version: u64,
-    },
-    Deleted(bool),
-    /// The precondition did not hold; carries the current version.
-    Conflict {
-        current: Option<u64>,
-    },
-}
-
-impl CacheOutcome {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("cache outcomes always serialize")
-    }
-
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
-        postcard::from_bytes(bytes)
-            .map_err(|e| Error::Internal(format!("a peer sent a malformed cache reply: {e}")))
-    }
 }
 
 /// Check a cache namespace: 1 to 128 bytes of ASCII letters, digits, `-`,

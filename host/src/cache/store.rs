@@ -16,8 +16,9 @@ use fief_core::time::Instant;
 use fief_core::{OwnershipToken, PartitionId};
 use lru::LruCache;
 
-use super::{CacheEntry, CacheOp, CacheOutcome, CacheStats, Expect};
+use super::CacheStats;
 use crate::error::{Error, Result};
+use crate::wire::{CacheEntry, CacheOp, CacheOutcome, Expect};
 
 /// Bytes charged per entry on top of its namespace, key and value (the
 /// store's own bookkeeping), so many tiny entries still respect the bound.

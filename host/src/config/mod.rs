@@ -4,11 +4,13 @@
 //! [`NodeConfig`] (this file) is read from a TOML file, `FIEF_*` environment
 //! variables and flags (the CLI layers them); [`ModuleOptions`] come with a
 //! deploy and [`ModuleCeilings`] bound them (`module.rs`); key and module
-//! names are checked in `names.rs`. Durations are written as `5s`, `500ms`;
+//! names are checked in `names.rs`, a granted host directory ([`DirGrant`])
+//! in `dir.rs`. Durations are written as `5s`, `500ms`;
 //! sizes as `64MiB`. Everything an outsider can make the node allocate has a
 //! named limit here. This module must not read files or the environment
 //! (the CLI does) nor apply a configuration (the node does).
 
+mod dir;
 mod module;
 mod names;
 
@@ -29,6 +31,7 @@ pub use bytesize::ByteSize;
 
 pub use crate::cpu_budget::{CpuCores, CpuShare};
 use crate::error::{Error, Result};
+pub use dir::DirGrant;
 pub use module::{ModuleCeilings, ModuleOptions};
 pub use names::{validate_key, validate_module_name, validate_qualified_module_name};
 

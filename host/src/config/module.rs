@@ -232,7 +232,7 @@ pub struct ModuleOptions {
     /// A host directory preopened at `/data` in every key, read-only or
     /// read-write (`"/srv/data:ro"`); `None`: no filesystem at all. See
     /// [`crate::sandbox`] for who may name host paths.
-    pub dir: Option<crate::sandbox::DirGrant>,
+    pub dir: Option<super::DirGrant>,
     /// Share of one core one key may use over `cpu_budget_window` (`250m`,
     /// `0.25`, `25%`); a key over it is throttled — its callbacks wait — not
     /// killed ([`crate::cpu_budget`]). Default: a whole core (no throttling).

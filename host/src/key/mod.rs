@@ -19,8 +19,11 @@
 //! The parts, one concept each:
 //! - this file: the small types every part shares — a key's kill switch
 //!   ([`KeyControl`]), the messages it takes ([`Envelope`], [`Via`]), the
-//!   life events it reports ([`KeyLife`]) and the crate's [`lock`] helper. It
+//!   life events it reports ([`KeyLife`]). It
 //!   must not run guest code or hold a key's process;
+//! - `services.rs`: the layer's one way up to its node — the parts of the
+//!   node a key shares with it (`KeyServices`) and the node operations it
+//!   may ask for (`KeyNode`); nothing in `key/` names the node;
 //! - `process.rs`: the process itself — its store (`KeyCtx`), the side-effect
 //!   gate, the epoch callback, the guest's callbacks, why it died;
 //! - `slot.rs`: a module's table of live keys (`ModuleSlot`): delivery and
@@ -32,13 +35,14 @@
 
 mod inline;
 mod process;
+mod services;
 mod slot;
 mod storage;
 mod task;
 
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::futures::Notified;
@@ -46,18 +50,15 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::bindings::types::{Info, StopReason};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 use inline::Orphan;
 pub(crate) use process::{KeyCtx, KeyEnv, arm_timer, reserve_timer, spawn_timer};
+pub use services::KeyLifeObserver;
+pub(crate) use services::{KeyNode, KeyServices, NodeFuture};
 pub use slot::LiveKey;
 pub(crate) use slot::ModuleSlot;
 pub(crate) use storage::Output;
-
-/// Lock a std mutex, ignoring poisoning: every critical section here leaves
-/// the data consistent before it can panic.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// The kill switch of one key process.
 ///

@@ -23,7 +23,7 @@ use wasmtime::{Store, StoreLimits, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::storage::KeyStorage;
-use super::{Envelope, KeyControl};
+use super::{Envelope, KeyControl, KeyNode, KeyServices};
 use crate::bindings::KeyModule;
 use crate::bindings::types::{FenceDecision, Info, StopReason, TimerFired};
 use crate::cpu_budget::{CpuBudget, CpuMeter};
@@ -32,7 +32,6 @@ use crate::guest_log::{GuestLogger, LogLimits, MAX_GUEST_ERROR, bounded};
 use crate::host_bytes::Held;
 use crate::mailbox::WeakMailbox;
 use crate::module::CompiledModule;
-use crate::node::NodeShared;
 use crate::sandbox::PublishBucket;
 use crate::scheduler::{Scheduler, Seat};
 
@@ -58,7 +57,9 @@ pub(crate) struct KeyEnv {
     pub(crate) partition: PartitionId,
     pub(crate) control: Arc<KeyControl>,
     pub(crate) mailbox: WeakMailbox,
-    pub(crate) node: Weak<NodeShared>,
+    /// What the key uses of its node (weak: the node holds the key's
+    /// store, through its module's table).
+    pub(crate) services: Weak<KeyServices>,
     pub(crate) generation: u64,
     pub(crate) on_fence: OnFence,
     pub(crate) max_timers: u32,
@@ -123,9 +124,9 @@ impl Drop for KeyCtx {
         for (_, timer) in self.timers.drain() {
             timer.abort();
         }
-        if let Some(node) = self.env.node.upgrade() {
+        if let Some(services) = self.env.services.upgrade() {
             for topic in std::mem::take(&mut self.subscriptions).into_keys() {
-                node.pubsub.unsubscribe(
+                services.pubsub.unsubscribe(
                     &topic,
                     &self.env.module,
                     &self.env.key,
@@ -140,17 +141,28 @@ impl KeyCtx {
     /// The side-effect gate: every host import that has an effect calls this
     /// first. After a kill, or after the node's fence point for a `terminate`
     /// key, the import is refused with a trap, so the guest runs no further.
-    pub(crate) fn gate(&self) -> wasmtime::Result<Arc<NodeShared>> {
+    pub(crate) fn gate(&self) -> wasmtime::Result<Arc<KeyServices>> {
         if self.env.control.is_killed() {
             wasmtime::bail!("effect refused: this key process was killed");
         }
-        let Some(node) = self.env.node.upgrade() else {
+        let Some(services) = self.env.services.upgrade() else {
             wasmtime::bail!("effect refused: the node has stopped");
         };
-        if self.env.on_fence == OnFence::Terminate && !node.may_act() {
+        if self.env.on_fence == OnFence::Terminate && !services.may_act() {
             wasmtime::bail!("effect refused: the node is fenced");
         }
-        Ok(node)
+        Ok(services)
+    }
+
+    /// The gate, for an import that asks the node itself (a call, a cast, a
+    /// cache operation): also the node, which a key reaches only as
+    /// [`KeyNode`]. Refused, as the gate is, once the node has stopped.
+    pub(crate) fn gate_node(&self) -> wasmtime::Result<(Arc<KeyServices>, Arc<dyn KeyNode>)> {
+        let services = self.gate()?;
+        let Some(node) = services.node() else {
+            wasmtime::bail!("effect refused: the node has stopped");
+        };
+        Ok((services, node))
     }
 
     /// Charge `spent`, host time of an import working for the guest, and
@@ -257,7 +269,7 @@ pub(super) struct KeyProcess {
 impl KeyProcess {
     /// Instantiate `module` for a key and run its `init`.
     pub(super) async fn start(
-        node: &NodeShared,
+        services: &KeyServices,
         module: &CompiledModule,
         env: Arc<KeyEnv>,
         handoff: Option<Vec<u8>>,
@@ -271,7 +283,7 @@ impl KeyProcess {
                 lines_per_second: options.max_log_lines_per_second,
                 bytes_per_second: options.max_log_bytes_per_second.as_u64(),
             },
-            node.metrics.guest_log_counters(&env.module),
+            services.metrics.guest_log_counters(&env.module),
         ));
         let wasi = crate::sandbox::wasi_ctx(options, &log)?;
         let memory_limit = options.memory_limit.as_u64() as usize;
@@ -281,7 +293,7 @@ impl KeyProcess {
             .instances(64)
             .trap_on_grow_failure(true)
             .build();
-        let tick = node.config.epoch_tick.as_nanos().max(1);
+        let tick = services.config.epoch_tick.as_nanos().max(1);
         let cpu_limit_ticks = (options.cpu_limit.as_nanos() / tick).max(1) as u64;
         let tenant: Arc<str> = Arc::from(crate::auth::tenant_of(&env.module).unwrap_or(""));
         let ctx = KeyCtx {
@@ -303,16 +315,16 @@ impl KeyProcess {
                 options.cpu_budget_window,
                 std::time::Instant::now(),
             ),
-            scheduler: node.runtime.scheduler.clone(),
+            scheduler: services.runtime.scheduler.clone(),
             seat,
             tenant,
             death: None,
             timers: HashMap::new(),
             next_timer: 1,
             subscriptions: BTreeMap::new(),
-            publishes: PublishBucket::new(options.max_publishes_per_second, node.clock.now()),
+            publishes: PublishBucket::new(options.max_publishes_per_second, services.clock.now()),
             storage: KeyStorage::new(
-                node.storage.clone(),
+                services.storage.clone(),
                 crate::storage::KeyScope {
                     module: env.module.to_string(),
                     key: env.key.to_string(),
@@ -324,14 +336,14 @@ impl KeyProcess {
                 crate::storage::state::StorageLimits {
                     max_value: options.max_storage_value_size.as_u64(),
                     max_bytes_per_key: options.max_storage_bytes_per_key.as_u64(),
-                    max_bytes_per_tenant: node.config.max_storage_bytes_per_tenant.as_u64(),
+                    max_bytes_per_tenant: services.config.max_storage_bytes_per_tenant.as_u64(),
                     max_writes_per_callback: options.max_storage_writes_per_callback,
                 },
                 env.mailbox.ledger().clone(),
                 module.uses_storage,
             ),
         };
-        let mut store = Store::new(&node.runtime.engine, ctx);
+        let mut store = Store::new(&services.runtime.engine, ctx);
         store.limiter(|ctx| &mut ctx.limits);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|mut store| {
@@ -344,7 +356,11 @@ impl KeyProcess {
             // epoch tick (or the fence's own epoch bump) interrupts it. This
             // makes "nothing runs" independent of how many keys are live.
             if ctx.env.on_fence == OnFence::Terminate
-                && ctx.env.node.upgrade().is_none_or(|node| !node.may_act())
+                && ctx
+                    .env
+                    .services
+                    .upgrade()
+                    .is_none_or(|services| !services.may_act())
             {
                 ctx.env.control.kill("the node is fenced");
                 return Ok(UpdateDeadline::Interrupt);

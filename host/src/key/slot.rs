@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use super::inline::{InlineCall, InlineFuture, run_inline};
 use super::process::{ProcessCell, ProcessGuard};
 use super::task::run_key;
-use super::{Envelope, KeyControl, KeyEnv, Via, lock};
+use super::{Envelope, KeyControl, KeyEnv, KeyServices, Via, lock};
 use crate::bindings::types::StopReason;
 use crate::cpu_budget::CpuMeter;
 use crate::error::{Error, Result};
@@ -29,7 +29,6 @@ use crate::host_bytes::Ledger;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::mailbox::{self, Mailbox, MailboxRx, Refused};
 use crate::module::CompiledModule;
-use crate::node::NodeShared;
 
 /// A live key's entry in its module's table.
 pub(crate) struct KeyHandle {
@@ -132,20 +131,27 @@ impl ModuleSlot {
     /// has no live process.
     pub(crate) fn deliver(
         self: &Arc<Self>,
-        node: &Arc<NodeShared>,
+        services: &Arc<KeyServices>,
         key: &str,
         partition: PartitionId,
         token: OwnershipToken,
         envelope: Envelope,
     ) -> Result<()> {
-        self.deliver_in(&mut lock(&self.keys), node, key, partition, token, envelope)
+        self.deliver_in(
+            &mut lock(&self.keys),
+            services,
+            key,
+            partition,
+            token,
+            envelope,
+        )
     }
 
     /// [`deliver`](Self::deliver) under the key-table lock, held as `keys`.
     fn deliver_in(
         self: &Arc<Self>,
         keys: &mut HashMap<Box<str>, KeyHandle>,
-        node: &Arc<NodeShared>,
+        services: &Arc<KeyServices>,
         key: &str,
         partition: PartitionId,
         token: OwnershipToken,
@@ -170,6 +176,10 @@ impl ModuleSlot {
                 limit: options.max_live_keys,
             });
         }
+        // The node lives while its keys' tasks run: the new task holds it.
+        let Some(node) = services.node() else {
+            return Err(Error::Internal("the node has stopped".to_owned()));
+        };
         // Routed before a move began draining the partition, this message
         // must not start a process the drain has already missed: the check
         // and the insert below happen under this module's key-table lock,
@@ -179,7 +189,7 @@ impl ModuleSlot {
         let handoff = node.admit_activation(&self.name, key, partition, token)?;
         let tenant = crate::auth::tenant_of(&self.name).unwrap_or("");
         let ledger = Ledger::key(
-            &node.host_bytes.of(tenant),
+            &services.host_bytes.of(tenant),
             usize::try_from(options.max_host_bytes_per_key.as_u64()).unwrap_or(usize::MAX),
         );
         let (tx, rx) = mailbox::channel(options.mailbox_depth as usize, ledger);
@@ -192,12 +202,12 @@ impl ModuleSlot {
             partition,
             control: control.clone(),
             mailbox: tx.downgrade(),
-            node: Arc::downgrade(node),
+            services: Arc::downgrade(services),
             generation,
             on_fence: options.on_fence,
             max_timers: options.max_timers_per_key,
             max_subscriptions: options.max_subscriptions_per_key,
-            max_handoff: node.max_handoff_size(options),
+            max_handoff: services.max_handoff_size(options),
         });
         // A new mailbox has room for one message, but its bytes may pass the
         // tenant's budget: then no process is started for it.
@@ -224,9 +234,17 @@ impl ModuleSlot {
                 handle_fence_deadline: options.handle_fence_deadline,
             },
         );
-        node.tasks.spawn_on(
-            run_key(node.clone(), self.clone(), module, env, rx, handoff, held),
-            &node.guest,
+        services.tasks.spawn_on(
+            run_key(
+                (services.clone(), node),
+                self.clone(),
+                module,
+                env,
+                rx,
+                handoff,
+                held,
+            ),
+            &services.guest,
         );
         Ok(())
     }
@@ -242,7 +260,7 @@ impl ModuleSlot {
     /// order.
     pub(crate) async fn call(
         self: &Arc<Self>,
-        node: &Arc<NodeShared>,
+        services: &Arc<KeyServices>,
         key: &str,
         partition: PartitionId,
         token: OwnershipToken,
@@ -253,13 +271,13 @@ impl ModuleSlot {
             && let Some((process, control, cpu)) = self.try_inline(key)
         {
             // For the event log, read before the check, as the key loop does.
-            let checked_at = node.reports_events().then(std::time::Instant::now);
+            let checked_at = services.reports_events().then(std::time::Instant::now);
             // Served only while the node may act; otherwise the key's task
             // decides (a terminate key dies, a survivor refuses).
-            if !control.is_killed() && !control.is_survivor() && node.may_act() {
+            if !control.is_killed() && !control.is_survivor() && services.may_act() {
                 if let (Some(at), Some(running)) = (checked_at, process.as_ref()) {
                     crate::event_log::report_inline_call(
-                        node,
+                        services,
                         &running.store.data().env,
                         &message,
                         at,
@@ -284,7 +302,7 @@ impl ModuleSlot {
         }
         let (reply, rx) = oneshot::channel();
         self.deliver(
-            node,
+            services,
             key,
             partition,
             token,
@@ -457,7 +475,7 @@ impl ModuleSlot {
     /// dropped with it.
     pub(super) fn retired(
         self: &Arc<Self>,
-        node: &Arc<NodeShared>,
+        services: &Arc<KeyServices>,
         env: &KeyEnv,
         rx: &mut MailboxRx,
     ) {
@@ -479,7 +497,7 @@ impl ModuleSlot {
                 Envelope::Info(_) => {}
                 routed @ (Envelope::Call { .. } | Envelope::Cast { .. }) => {
                     if let Err(error) =
-                        self.deliver_in(&mut keys, node, &env.key, partition, env.token, routed)
+                        self.deliver_in(&mut keys, services, &env.key, partition, env.token, routed)
                     {
                         tracing::debug!(module = %self.name, key = %env.key, %error, "a message that arrived while the key retired was not delivered");
                     }

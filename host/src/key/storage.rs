@@ -285,8 +285,8 @@ impl super::KeyCtx {
         if outputs.is_empty() {
             return;
         }
-        let node = match self.gate() {
-            Ok(node) => node,
+        let (services, node) = match self.gate_node() {
+            Ok(gated) => gated,
             Err(e) => {
                 tracing::warn!(module = %self.env.module, key = %self.env.key,
                     "{} outputs dropped after their commit: {e}", outputs.len());
@@ -300,13 +300,13 @@ impl super::KeyCtx {
                     key,
                     message,
                 } => {
-                    if let Err(e) = node.cast(&module, &key, message) {
+                    if let Err(e) = node.clone().cast_key(&module, &key, message) {
                         tracing::warn!(from = %self.env.module, %module, %key,
                             "a cast held for its commit was dropped: {e}");
                     }
                 }
                 Output::Publish { topic, payload } => {
-                    node.pubsub.publish(&topic, &payload);
+                    services.pubsub.publish(&topic, &payload);
                 }
                 Output::Timer {
                     id,

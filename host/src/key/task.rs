@@ -20,13 +20,12 @@ use tokio::sync::futures::Notified;
 use tokio::sync::oneshot;
 
 use super::process::{Death, KeyProcess, ProcessCell, ProcessGuard, caller_error};
-use super::{Envelope, KeyControl, KeyEnv, KeyLifeEvent, ModuleSlot, rearm};
+use super::{Envelope, KeyControl, KeyEnv, KeyLifeEvent, KeyNode, KeyServices, ModuleSlot, rearm};
 use crate::bindings::types::{FenceDecision, StopReason};
 use crate::cpu_budget::{CpuMeter, poll_metered};
 use crate::error::{Error, Result};
 use crate::mailbox::MailboxRx;
 use crate::module::CompiledModule;
-use crate::node::NodeShared;
 use crate::scheduler::Seat;
 
 /// How a key's message loop ended.
@@ -52,8 +51,11 @@ enum Exit {
 /// Everything the task does is charged to the key's CPU meter (its guest
 /// code, and the host's work on its messages): that is what its
 /// `cpu_budget` bounds.
+///
+/// The task holds its node's services and the node itself (`node`, for
+/// nothing but that) for as long as it runs.
 pub(super) async fn run_key(
-    node: Arc<NodeShared>,
+    (services, node): (Arc<KeyServices>, Arc<dyn KeyNode>),
     slot: Arc<ModuleSlot>,
     module: Arc<CompiledModule>,
     env: Arc<KeyEnv>,
@@ -63,14 +65,18 @@ pub(super) async fn run_key(
 ) {
     let tenant = crate::auth::tenant_of(&env.module).unwrap_or("");
     let cpu = Arc::new(CpuMeter::new(
-        node.metrics.key_cpu_counters(&env.module),
-        node.tenant_cpu
-            .of(tenant, || node.metrics.tenant_cpu_counters(tenant)),
+        services.metrics.key_cpu_counters(&env.module),
+        services
+            .tenant_cpu
+            .of(tenant, || services.metrics.tenant_cpu_counters(tenant)),
         module.options.cpu_budget < crate::cpu_budget::CpuShare::WHOLE_CORE,
     ));
-    let (scheduler, seat) = (node.runtime.scheduler.clone(), Arc::new(Seat::default()));
+    let (scheduler, seat) = (
+        services.runtime.scheduler.clone(),
+        Arc::new(Seat::default()),
+    );
     let mut task = Box::pin(drive_key(
-        node,
+        services,
         slot,
         module,
         env,
@@ -88,6 +94,9 @@ pub(super) async fn run_key(
         poll
     })
     .await;
+    // Held to the end: a node lives while any of its key tasks does, as
+    // while its own tasks do.
+    drop(node);
 }
 
 /// The body of [`run_key`].
@@ -96,7 +105,7 @@ pub(super) async fn run_key(
     reason = "the key task's parts, moved in once from run_key"
 )]
 async fn drive_key(
-    node: Arc<NodeShared>,
+    services: Arc<KeyServices>,
     slot: Arc<ModuleSlot>,
     module: Arc<CompiledModule>,
     env: Arc<KeyEnv>,
@@ -109,7 +118,7 @@ async fn drive_key(
     let key = env.key.clone();
     let cell = ProcessGuard::mutex(&held).clone();
     let mut held = Some(held);
-    node.observe(&env.module, &key, KeyLifeEvent::Started);
+    services.observe(&env.module, &key, KeyLifeEvent::Started);
     let started = tokio::select! {
         biased;
         () = control.killed() => Err(Error::KeyDied(format!(
@@ -117,7 +126,7 @@ async fn drive_key(
         ))),
         // Boxed, like the other guest calls below: the task's own future
         // stays small (it lives as long as the key).
-        r = Box::pin(KeyProcess::start(&node, &module, env.clone(), handoff, cpu)) => r,
+        r = Box::pin(KeyProcess::start(&services, &module, env.clone(), handoff, cpu)) => r,
     };
     match started {
         Ok(process) => {
@@ -128,7 +137,7 @@ async fn drive_key(
         Err(error) => {
             tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
             drop(held);
-            node.observe(&env.module, &key, KeyLifeEvent::Ended);
+            services.observe(&env.module, &key, KeyLifeEvent::Ended);
             slot.remove_if_current(&key, env.generation);
             control.exited.send_replace(true);
             rx.close();
@@ -229,7 +238,7 @@ async fn drive_key(
                 {
                     let process = held.insert(guard).as_mut().expect("checked above");
                     let _ = Box::pin(process.terminate(&StopReason::Idle)).await;
-                    node.metrics.killed(&slot.name, "idle");
+                    services.metrics.killed(&slot.name, "idle");
                     break Exit::Retired;
                 }
                 continue;
@@ -249,8 +258,8 @@ async fn drive_key(
         // it yet: a `terminate` key dies; a survivor refuses routed messages
         // (its timers, subscriptions and local handles still reach it).
         // For the event log, read before the check (see `report_processing`).
-        let checked_at = node.reports_events().then(std::time::Instant::now);
-        let fenced = control.is_survivor() || !node.may_act();
+        let checked_at = services.reports_events().then(std::time::Instant::now);
+        let fenced = control.is_survivor() || !services.may_act();
         if fenced {
             if env.on_fence == OnFence::Terminate {
                 control.kill("the node is fenced");
@@ -281,7 +290,7 @@ async fn drive_key(
             }
         }
         if let Some(at) = checked_at {
-            crate::event_log::report_processing(&node, &env, &envelope, at);
+            crate::event_log::report_processing(&services, &env, &envelope, at);
         }
         let mut waiting = None;
         let outcome = tokio::select! {
@@ -322,13 +331,13 @@ async fn drive_key(
         drop(guard.take());
     }
     drop(held);
-    node.observe(&env.module, &key, KeyLifeEvent::Ended);
+    services.observe(&env.module, &key, KeyLifeEvent::Ended);
     if matches!(exit, Exit::Retired) {
-        slot.retired(&node, &env, &mut rx);
+        slot.retired(&services, &env, &mut rx);
     } else {
         slot.remove_if_current(&key, env.generation);
     }
-    node.limbo.remove(&env.module, &key, env.generation);
+    services.limbo.remove(&env.module, &key, env.generation);
     control.exited.send_replace(true);
     if let Some(answer) = last_word {
         answer();
@@ -339,11 +348,11 @@ async fn drive_key(
         Exit::Stopped | Exit::Retired => "the key stopped".to_owned(),
     };
     match &exit {
-        Exit::Killed => node.metrics.killed(
+        Exit::Killed => services.metrics.killed(
             &slot.name,
             crate::metrics::kill_cause(control.reason().as_deref(), None),
         ),
-        Exit::Died(why) => node
+        Exit::Died(why) => services
             .metrics
             .killed(&slot.name, crate::metrics::kill_cause(None, Some(why))),
         Exit::Stopped | Exit::Retired => {}

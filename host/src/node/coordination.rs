@@ -31,7 +31,7 @@ use super::NodeShared;
 use crate::arbiter::ArbiterError;
 use crate::dedicated::DedicatedRuntime;
 use crate::event_log::NodeEventKind;
-use crate::key::lock;
+use crate::sync::lock;
 
 impl NodeShared {
     /// Feed one input to the membership and carry out the effects it

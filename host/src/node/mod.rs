@@ -18,12 +18,15 @@
 //!
 //! The parts, one concept each:
 //! - this file: the [`Instance`] facade (the public API an embedder calls)
-//!   and [`NodeShared`], the state the instance, its coordination loop and
-//!   its key processes share, with its small accessors. It must not decide
-//!   routing, coordination or moves itself: it calls the parts below;
+//!   and [`NodeShared`], the state the instance and its coordination loop
+//!   share (around the [`KeyServices`] it shares with its key processes,
+//!   which reach the node only through them and `KeyNode`), with its small
+//!   accessors. It must not decide routing, coordination or moves itself: it
+//!   calls the parts below;
 //! - `start.rs`: [`InstanceBuilder`], starting a node;
 //! - `routing.rs`: where a message goes and its delivery: route, admit an
 //!   activation, call, cast, forward to the owner, serve a peer's request;
+//!   and the node's side of the key layer's `KeyNode`;
 //! - `coordination.rs`: the coordination loop on its own thread, and what it
 //!   carries out: the fence and the adoption of a newer table;
 //! - `moves.rs`: graceful moves out (stop keys for handoff, send states,
@@ -41,26 +44,22 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use fief_core::membership::{LeaveOutcome, OpId};
-use fief_core::{LeaseStatus, Membership, NodeId, OwnershipTable, RoutingView};
+use fief_core::{Membership, NodeId, OwnershipTable, RoutingView};
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
-use tokio_util::task::TaskTracker;
 
 use crate::arbiter::{ANONYMOUS, Arbiter, Member};
 use crate::bindings::types::StopReason;
 use crate::cache::{Cache, CacheStore};
-use crate::clock::NodeClock;
 use crate::config::{ModuleOptions, NodeConfig};
 use crate::error::{Error, Result};
-use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
 use crate::handoff::{HandoffStates, LostState};
-use crate::host_bytes::TenantLedgers;
-use crate::key::{Envelope, KeyLife, KeyLifeEvent, LiveKey, ModuleSlot, Via, lock};
-use crate::limbo::{Limbo, LimboEntry};
-use crate::pubsub::PubSub;
-use crate::runtime::Runtime;
+use crate::key::{Envelope, KeyServices, LiveKey, ModuleSlot, Via};
+use crate::limbo::LimboEntry;
 use crate::scheduler::GuestPool;
-use crate::transport::{HandoffEntry, PeerPool};
+use crate::sync::lock;
+use crate::transport::PeerPool;
+use crate::wire::HandoffEntry;
 
 use coordination::Coordination;
 pub use moves::LeaveReport;
@@ -69,18 +68,14 @@ pub use start::InstanceBuilder;
 pub(crate) use status::module_info;
 pub use status::{LeaseState, ModuleInfo, NodeStatus, Status};
 
-/// State shared by the instance, its coordination loop and its key processes.
+/// State shared by the instance and its coordination loop.
+///
+/// The parts its key processes use too are its [`KeyServices`], which the
+/// key layer reaches without naming the node; `NodeShared` derefs to them.
 pub(crate) struct NodeShared {
-    pub(crate) config: NodeConfig,
-    pub(crate) node_id: NodeId,
-    pub(crate) runtime: Runtime,
-    /// The guest threads' runtime, where key tasks are spawned (the pool
-    /// itself is the instance's: see [`Instance`]).
-    pub(crate) guest: Handle,
-    pub(crate) pubsub: PubSub,
-    pub(crate) tasks: TaskTracker,
-    pub(crate) limbo: Limbo,
-    pub(crate) clock: Arc<dyn NodeClock>,
+    /// What the node shares with its keys (config, engine, pub/sub, limbo,
+    /// clock, ledgers, meters, metrics, storage, observers, the fence gate).
+    pub(crate) services: Arc<KeyServices>,
     pub(crate) arbiter: Arc<dyn Arbiter>,
     /// Live members as the membership last reported them, published for
     /// readers that must not wait for its lock (forwarding, deploys).
@@ -92,9 +87,6 @@ pub(crate) struct NodeShared {
     /// goes through `NodeShared::apply` (coordination.rs), which publishes
     /// `view` and `members` under this lock and carries out the effects.
     membership: Mutex<Membership>,
-    /// The lease's fence point as the membership publishes it, read by the
-    /// side-effect gate and routing without taking `membership`'s lock.
-    fence_gate: Arc<fief_core::FenceGate>,
     /// The routing view (table and held partitions) as last published.
     view: RwLock<Arc<RoutingView>>,
     /// Held by each input from before `membership` is taken until its
@@ -119,17 +111,9 @@ pub(crate) struct NodeShared {
     /// Cluster-wide deploys: the module follower's bookkeeping.
     pub(crate) deploys: crate::deploy::Deploys,
     fences: Mutex<u64>,
-    observer: Option<KeyLifeObserver>,
-    /// Receives leases granted, fences and routed messages processed (the
-    /// event log).
-    events: Option<NodeEventObserver>,
     /// Handoff states waiting for their keys' next process here: received
     /// from a previous owner, or kept after a move out failed.
     handoffs: Mutex<HandoffStates>,
-    /// Host memory held for each tenant's keys ([`crate::host_bytes`]).
-    pub(crate) host_bytes: TenantLedgers,
-    /// Each tenant's CPU here, and its budget ([`crate::cpu_budget`]).
-    pub(crate) tenant_cpu: crate::cpu_budget::TenantCpuMeters,
     /// States a leave in progress could not hand on, for its report.
     leave_losses: Mutex<Vec<LostState>>,
     /// Fault injection: the coordination loop panics when it sees this.
@@ -142,10 +126,6 @@ pub(crate) struct NodeShared {
     stop_requested: watch::Sender<bool>,
     /// The coherent cache's entries this node holds as owner.
     pub(crate) cache: Mutex<CacheStore>,
-    /// Counters and histograms for `GET /metrics`.
-    pub(crate) metrics: crate::metrics::Metrics,
-    /// The pipeline to the store of keys' durable state (group commit).
-    pub(crate) storage: Arc<crate::storage::writer::StorageWriter>,
 }
 
 /// The table of a published [`RoutingView`], held by its `Arc`.
@@ -158,63 +138,18 @@ impl std::ops::Deref for TableRef {
     }
 }
 
-/// Receives every key process's start and end (see [`KeyLife`]).
-pub type KeyLifeObserver = Arc<dyn Fn(KeyLife) + Send + Sync>;
+impl std::ops::Deref for NodeShared {
+    type Target = KeyServices;
+
+    /// The node reads what it shares with its keys as its own
+    /// (`self.config`, `self.metrics`); the key layer reaches the same
+    /// through [`KeyServices`] without naming the node.
+    fn deref(&self) -> &KeyServices {
+        &self.services
+    }
+}
 
 impl NodeShared {
-    /// Report a key life event to the observer, if there is one.
-    pub(crate) fn observe(&self, module: &str, key: &str, event: KeyLifeEvent) {
-        if event == KeyLifeEvent::Started {
-            self.metrics.activated(module);
-        }
-        if let Some(observer) = &self.observer {
-            observer(KeyLife {
-                node: self.node_id.to_string(),
-                module: module.to_owned(),
-                key: key.to_owned(),
-                event,
-                at: std::time::Instant::now(),
-            });
-        }
-    }
-
-    /// Whether a [`NodeEventObserver`] is installed (so callers skip the
-    /// work of building events nobody reads).
-    pub(crate) fn reports_events(&self) -> bool {
-        self.events.is_some()
-    }
-
-    /// Report a [`NodeEvent`] that happened `at` to the observer, if any.
-    pub(crate) fn report(&self, at: std::time::Instant, kind: NodeEventKind) {
-        if let Some(events) = &self.events {
-            events(NodeEvent {
-                node: self.node_id.to_string(),
-                at,
-                kind,
-            });
-        }
-    }
-
-    /// Whether this node may act for its keys right now: its lease is current.
-    /// Lock-free (every host import's gate and every running guest's epoch
-    /// callback ask): the fence point as the coordinator last published it,
-    /// read before the clock, so past the fence point this is false.
-    pub(crate) fn may_act(&self) -> bool {
-        let until = self.fence_gate.current_until();
-        until.is_some_and(|until| self.clock.now() < until)
-    }
-
-    /// The lease as routing needs it, lock-free like [`may_act`](Self::may_act):
-    /// current until the published fence point, otherwise not (`Pending`
-    /// stands for both "no renewal yet" and "fenced": routing refuses either).
-    /// Routing asks on every call; the coordinator's lock is for its loop.
-    pub(crate) fn gate_status(&self) -> LeaseStatus {
-        match self.fence_gate.current_until() {
-            Some(until) if self.clock.now() < until => LeaseStatus::Current { fence_point: until },
-            _ => LeaseStatus::Pending,
-        }
-    }
-
     /// Renewals the current lease has settled (for the metrics).
     pub(crate) fn renewal_counts(&self) -> fief_core::RenewalCounts {
         lock(&self.membership).renewal_counts()
@@ -250,17 +185,6 @@ impl NodeShared {
             .values()
             .cloned()
             .collect()
-    }
-
-    pub(crate) fn check_message(&self, message: &[u8]) -> Result<()> {
-        let limit = self.config.max_message_size.as_u64() as usize;
-        if message.len() > limit {
-            return Err(Error::MessageTooLarge {
-                size: message.len(),
-                limit,
-            });
-        }
-        Ok(())
     }
 }
 

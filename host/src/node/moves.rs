@@ -20,11 +20,10 @@ use serde::Serialize;
 
 use super::{Instance, NodeShared};
 use crate::bindings::types::StopReason;
-use crate::config::ModuleOptions;
 use crate::error::{Error, Result};
 use crate::handoff::LostState;
-use crate::key::lock;
-use crate::transport::{HandoffEntry, PeerRequest};
+use crate::sync::lock;
+use crate::wire::{HandoffEntry, PeerRequest};
 
 impl NodeShared {
     /// Log and count handoff states this node had to drop.
@@ -33,16 +32,6 @@ impl NodeShared {
             tracing::warn!(node = %self.node_id, module = %l.module, key = %l.key, reason = %l.reason, "a handoff state was dropped");
         }
         self.metrics.handoff_states(event, lost.len());
-    }
-
-    /// The largest handoff state a key of a module with `options` may hand
-    /// on: its `max_handoff_size`, at most the node's `max_message_size`.
-    pub(crate) fn max_handoff_size(&self, options: &ModuleOptions) -> usize {
-        let node = self.config.max_message_size;
-        options
-            .max_handoff_size
-            .map_or(node, |l| l.min(node))
-            .as_u64() as usize
     }
 
     /// Stop every live key of `partitions` with `handoff`, collecting their
@@ -184,7 +173,7 @@ impl NodeShared {
             // names: however many states, none is too large to send (each is
             // at most the module's max_handoff_size, at most max_message_size).
             let budget = node.config.max_message_size.as_u64() as usize
-                + crate::transport::FRAME_OVERHEAD / 2;
+                + crate::wire::FRAME_OVERHEAD / 2;
             let limit = node.config.call_timeout;
             let mut result = Ok(());
             for (manifest, entries) in crate::handoff::frames(manifest, entries, budget) {

@@ -13,62 +13,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fief_core::{NodeId, PartitionId, Route, RouteRefusal};
+use fief_core::{NodeId, OwnershipToken, PartitionId, Route, RouteRefusal};
 
 use super::NodeShared;
 use crate::config::validate_key;
 use crate::error::{Error, Result};
-use crate::key::{Envelope, ModuleSlot, Via, lock};
-use crate::transport::PeerRequest;
+use crate::key::{Envelope, KeyNode, ModuleSlot, NodeFuture, Via};
+use crate::sync::lock;
+use crate::wire::{CacheOp, CacheOutcome, PeerRequest};
 
 impl NodeShared {
     /// Decide where a message for `key` goes, as of now. A partition being
     /// handed off is not served by anyone until the move completes.
     pub(crate) fn route(&self, key: &str) -> Route {
         self.view().route(&self.node_id, self.gate_status(), key)
-    }
-
-    /// May a new process of `module`/`key` start here now, for `partition`
-    /// under `token`? Called by the key table (`ModuleSlot::deliver`) under
-    /// its lock, so a drain that marked the partition either sees the new
-    /// process or refuses it here. Gives the handoff state waiting for the
-    /// key, if one belongs to this ownership.
-    ///
-    /// # Errors
-    ///
-    /// The routing refusal when the partition is no longer served here
-    /// under `token` (a move began, the node fenced, the table changed).
-    pub(crate) fn admit_activation(
-        &self,
-        module: &str,
-        key: &str,
-        partition: PartitionId,
-        token: fief_core::OwnershipToken,
-    ) -> Result<Option<Vec<u8>>> {
-        match self.route(key) {
-            Route::Local {
-                partition: p,
-                token: t,
-            } if p == partition && t == token => {}
-            Route::Local { partition: p, .. } => return Err(Error::Unowned(p)),
-            Route::Forward { owner, .. } => {
-                return Err(Error::NotOwner {
-                    owner: owner.to_string(),
-                });
-            }
-            Route::Refuse(refusal) => return Err(refused(refusal)),
-        }
-        let (state, lost) = {
-            let table = self.table();
-            lock(&self.handoffs).take_for_activation(module, key, &table, &self.node_id)
-        };
-        if state.is_some() {
-            self.metrics.handoff_states("delivered", 1);
-        }
-        if let Some(lost) = lost {
-            self.handoff_dropped("dropped_stale", &[lost]);
-        }
-        Ok(state)
     }
 
     /// Where the peers of `owner` reach it.
@@ -94,7 +52,7 @@ impl NodeShared {
         }
         match self.route(key) {
             Route::Local { partition, token } => {
-                slot.deliver(self, key, partition, token, envelope)
+                slot.deliver(&self.services, key, partition, token, envelope)
             }
             Route::Forward { owner, .. } => Err(Error::NotOwner {
                 owner: owner.to_string(),
@@ -219,7 +177,7 @@ impl NodeShared {
         // An idle key runs the call on this task; a busy one queues it
         // (`ModuleSlot::call`). A timeout abandons the wait, not the call:
         // the key finishes it either way.
-        let call = slot.call(self, key, partition, token, message, Via::Routed);
+        let call = slot.call(&self.services, key, partition, token, message, Via::Routed);
         let reply = match tokio::time::timeout(timeout, call).await {
             Err(_) => return Err(Error::Timeout(timeout)),
             Ok(reply) => reply?,
@@ -341,7 +299,72 @@ impl NodeShared {
     }
 }
 
-/// Whether a forwarding error suggests this node's table is stale.
+/// What the node does for its key processes ([`KeyNode`]): the key layer's
+/// only calls up into the node.
+impl KeyNode for NodeShared {
+    /// Called by the key table (`ModuleSlot::deliver`) under its lock, so a
+    /// drain that marked the partition either sees the new process or
+    /// refuses it here. Refuses when the partition is no longer served here
+    /// under `token` (a move began, the node fenced, the table changed).
+    fn admit_activation(
+        &self,
+        module: &str,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+    ) -> Result<Option<Vec<u8>>> {
+        match self.route(key) {
+            Route::Local {
+                partition: p,
+                token: t,
+            } if p == partition && t == token => {}
+            Route::Local { partition: p, .. } => return Err(Error::Unowned(p)),
+            Route::Forward { owner, .. } => {
+                return Err(Error::NotOwner {
+                    owner: owner.to_string(),
+                });
+            }
+            Route::Refuse(refusal) => return Err(refused(refusal)),
+        }
+        let (state, lost) = {
+            let table = self.table();
+            lock(&self.handoffs).take_for_activation(module, key, &table, &self.node_id)
+        };
+        if state.is_some() {
+            self.metrics.handoff_states("delivered", 1);
+        }
+        if let Some(lost) = lost {
+            self.handoff_dropped("dropped_stale", &[lost]);
+        }
+        Ok(state)
+    }
+
+    fn has_module(&self, module: &str) -> bool {
+        self.module(module).is_ok()
+    }
+
+    fn call_key(
+        self: Arc<Self>,
+        module: String,
+        key: String,
+        message: Vec<u8>,
+        timeout: Duration,
+    ) -> NodeFuture<Vec<u8>> {
+        Box::pin(async move {
+            self.call_with_timeout(&module, &key, message, timeout)
+                .await
+        })
+    }
+
+    fn cast_key(self: Arc<Self>, module: &str, key: &str, message: Vec<u8>) -> Result<()> {
+        self.cast(module, key, message)
+    }
+
+    fn cache(self: Arc<Self>, op: CacheOp) -> NodeFuture<CacheOutcome> {
+        Box::pin(async move { self.cache_op(op).await })
+    }
+}
+
 /// The module's own message limit (`max_message_size` of its options), under
 /// the node's, which the caller checked already. Every local delivery path
 /// (the mailbox and the inline call of an idle key) checks it.
@@ -355,6 +378,7 @@ fn check_module_message(slot: &ModuleSlot, message: &[u8]) -> Result<()> {
     }
 }
 
+/// Whether a forwarding error suggests this node's table is stale.
 /// Only errors that say the message was not processed: an answer lost on a
 /// closed connection (`AnswerLost`) or a timeout may follow processing, and
 /// a retry on a newer table would then process the message twice.

@@ -10,14 +10,14 @@
 //! serves through `routing.rs`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use fief_core::{Membership, MembershipConfig, NodeId};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use super::coordination::{Coordination, supervise};
-use super::{Instance, KeyLifeObserver, NodeShared};
+use super::{Instance, NodeShared};
 use crate::arbiter::{Arbiter, LocalArbiter, PostgresArbiter};
 use crate::cache::CacheStore;
 use crate::clock::{NodeClock, TokioClock};
@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::event_log::NodeEventObserver;
 use crate::handoff::HandoffStates;
 use crate::host_bytes::TenantLedgers;
+use crate::key::{KeyLifeObserver, KeyServices};
 use crate::limbo::Limbo;
 use crate::pubsub::PubSub;
 use crate::runtime::Runtime;
@@ -187,9 +188,33 @@ impl InstanceBuilder {
             partitions: config.partition_count(),
             step_timeout: config.call_timeout,
         });
-        let shared = Arc::new(NodeShared {
-            node_id: NodeId::new(&config.node_id),
-            fence_gate: membership.gate(),
+        let peers = PeerPool::new(
+            &config.namespace,
+            &config.node_id,
+            config.max_message_size.as_u64() as usize,
+            crate::peer_auth::PeerSecurity::load(&config)?,
+        );
+        let guest = guest_pool.handle().clone();
+        let fence_gate = membership.gate();
+        let shared = Arc::new_cyclic(|node: &Weak<NodeShared>| NodeShared {
+            services: Arc::new(KeyServices {
+                node_id: NodeId::new(&config.node_id),
+                fence_gate,
+                config,
+                runtime,
+                guest,
+                pubsub: PubSub::default(),
+                tasks: TaskTracker::new(),
+                limbo,
+                clock,
+                host_bytes: TenantLedgers::new(host_bytes_per_tenant),
+                tenant_cpu,
+                metrics,
+                storage,
+                observer: self.observer,
+                events: self.events,
+                node: node.clone(),
+            }),
             view: RwLock::new(membership.view()),
             membership: Mutex::new(membership),
             executing: Mutex::new(()),
@@ -200,30 +225,14 @@ impl InstanceBuilder {
             main: tokio::runtime::Handle::current(),
             coordination_rt: std::sync::OnceLock::new(),
             ready: watch::channel(false).0,
-            peers: PeerPool::new(
-                &config.namespace,
-                &config.node_id,
-                config.max_message_size.as_u64() as usize,
-                crate::peer_auth::PeerSecurity::load(&config)?,
-            ),
-            config,
-            runtime,
-            guest: guest_pool.handle().clone(),
-            pubsub: PubSub::default(),
-            tasks: TaskTracker::new(),
-            limbo,
-            clock,
+            peers,
             arbiter,
             members: RwLock::new(BTreeMap::new()),
             peer_addr,
             modules: RwLock::new(HashMap::new()),
             deploys: crate::deploy::Deploys::default(),
             fences: Mutex::new(0),
-            observer: self.observer,
-            events: self.events,
             handoffs: Mutex::new(HandoffStates::default()),
-            host_bytes: TenantLedgers::new(host_bytes_per_tenant),
-            tenant_cpu,
             leave_losses: Mutex::new(Vec::new()),
             coordination_crash: std::sync::atomic::AtomicBool::new(false),
             route_delay_ms: std::sync::atomic::AtomicU64::new(0),
@@ -233,8 +242,6 @@ impl InstanceBuilder {
                 cache_tenant_max_bytes,
                 cache_namespace_max_bytes,
             )),
-            metrics,
-            storage,
         });
         // Builder modules go through the module store like any deploy; then
         // the node loads everything the store has before it joins, so it

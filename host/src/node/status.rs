@@ -13,7 +13,8 @@ use serde::Serialize;
 use super::Instance;
 use crate::cache::CacheStats;
 use crate::config::ModuleOptions;
-use crate::key::{ModuleSlot, lock};
+use crate::key::ModuleSlot;
+use crate::sync::lock;
 
 /// What `status` reports about the node's lease.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
