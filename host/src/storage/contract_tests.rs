@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{
-    Backend, Commit, EmbeddedBackend, Fence, KeyScope, Load, Loaded, Outcome, PostgresBackend,
-    Round, Write,
+    AlarmId, Backend, Commit, EmbeddedBackend, Fence, KeyScope, Load, Loaded, Outcome,
+    PostgresBackend, Round, StoredAlarm, Write,
 };
 
 /// The database the PostgreSQL tests use (created if missing).
@@ -164,9 +164,59 @@ fn entries(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
 
 /// Run `round`, which must land.
 async fn round(b: &dyn Backend, commits: Vec<Commit>, loads: Vec<Load>) -> super::RoundResult {
-    b.round(Round { commits, loads })
-        .await
-        .expect("the round lands")
+    let round = Round {
+        commits,
+        loads,
+        ..Round::default()
+    };
+    b.round(round).await.expect("the round lands")
+}
+
+fn set_alarm(name: &str, at_ms: u64) -> Write {
+    Write::SetAlarm {
+        name: name.to_owned(),
+        at_ms,
+    }
+}
+
+fn cancel_alarm(name: &str) -> Write {
+    Write::CancelAlarm {
+        name: name.to_owned(),
+    }
+}
+
+fn stored_alarm(partition: u32, scope: &KeyScope, name: &str, at_ms: u64) -> StoredAlarm {
+    StoredAlarm {
+        id: AlarmId {
+            partition,
+            module: scope.module.clone(),
+            key: scope.key.clone(),
+            name: name.to_owned(),
+        },
+        at_ms,
+    }
+}
+
+/// Load one key alone, which must be served: its alarms.
+async fn alarms_of(b: &dyn Backend, scope: &KeyScope, fence: Fence) -> Vec<(String, u64)> {
+    match load(b, scope, fence).await {
+        Outcome::Done(loaded) => loaded.alarms,
+        stale => panic!("the load of {scope:?} was refused: {stale:?}"),
+    }
+}
+
+/// Load one partition's alarms alone.
+async fn alarms_of_partition(b: &dyn Backend, fence: Fence) -> Outcome<Vec<StoredAlarm>> {
+    let round = Round {
+        partition_alarms: vec![fence],
+        ..Round::default()
+    };
+    let mut result = b.round(round).await.expect("the round lands");
+    result.partition_alarms.remove(0)
+}
+
+fn alarms(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+    pairs.iter().map(|(n, at)| ((*n).to_owned(), *at)).collect()
 }
 
 /// Load one key alone.
@@ -324,6 +374,7 @@ async fn a_load_sees_the_commits_of_its_round(b: &dyn Backend) {
     assert_eq!(result.commits, vec![Outcome::Done(2)]);
     let loaded = Loaded {
         entries: entries(&[("a", b"1")]),
+        alarms: vec![],
         tenant_bytes: 2,
     };
     assert_eq!(result.loads, vec![Outcome::Done(loaded)]);
@@ -563,6 +614,168 @@ async fn the_highest_fence_token_is_the_top_of_every_partition(b: &dyn Backend) 
     assert_eq!(token().await, 11);
 }
 
+async fn alarms_land_with_their_commit_and_load_with_their_key(b: &dyn Backend) {
+    let s = scope("acme/m", "k");
+    let neighbours = [
+        scope("acme/m", "k2"),
+        scope("acme/m", "k/x"),
+        scope("acme/n", "k"),
+    ];
+    load(b, &s, fence(2, 1)).await;
+    let writes = vec![
+        set_alarm("x", 100),
+        set_alarm("y", 50),
+        put("x", b"an entry, not an alarm"),
+        set_alarm("x", 200),
+        // Entry writes never touch alarms, even of the same name.
+        delete("x"),
+        delete_range("", None),
+        set_alarm("gone", 7),
+        cancel_alarm("gone"),
+    ];
+    let mut commits = vec![commit(&s, fence(2, 1), writes, 0)];
+    for n in &neighbours {
+        commits.push(commit(n, fence(2, 1), vec![set_alarm("x", 1)], 0));
+    }
+    round(b, commits, vec![]).await;
+    assert_eq!(
+        alarms_of(b, &s, fence(2, 1)).await,
+        alarms(&[("x", 200), ("y", 50)])
+    );
+    assert_eq!(entries_of(b, &s, fence(2, 1)).await, vec![]);
+    // Commits of one round apply in order; a cancel of no alarm is a no-op.
+    let commits = vec![
+        commit(
+            &s,
+            fence(2, 1),
+            vec![cancel_alarm("y"), cancel_alarm("z")],
+            0,
+        ),
+        commit(
+            &s,
+            fence(2, 1),
+            vec![set_alarm("y", 60), set_alarm("é", 1)],
+            0,
+        ),
+        commit(&s, fence(2, 1), vec![cancel_alarm("x")], 0),
+    ];
+    round(b, commits, vec![]).await;
+    assert_eq!(
+        alarms_of(b, &s, fence(2, 1)).await,
+        alarms(&[("y", 60), ("é", 1)])
+    );
+    for n in &neighbours {
+        assert_eq!(
+            alarms_of(b, n, fence(2, 1)).await,
+            alarms(&[("x", 1)]),
+            "{n:?}"
+        );
+    }
+}
+
+async fn a_stale_commit_sets_and_cancels_no_alarm(b: &dyn Backend) {
+    let s = scope("acme/m", "k");
+    load(b, &s, fence(1, 1)).await;
+    let c = commit(&s, fence(1, 1), vec![set_alarm("x", 10)], 0);
+    assert_eq!(commit_one(b, c).await, Outcome::Done(0));
+    // A new owner loads the partition's alarms under token 2: the old
+    // owner's commit (its handler's deletion of the alarm, a new alarm) is
+    // refused whole.
+    let x = stored_alarm(1, &s, "x", 10);
+    assert_eq!(
+        alarms_of_partition(b, fence(1, 2)).await,
+        Outcome::Done(vec![x.clone()])
+    );
+    let c = commit(
+        &s,
+        fence(1, 1),
+        vec![cancel_alarm("x"), set_alarm("y", 5), put("a", b"1")],
+        2,
+    );
+    assert_eq!(commit_one(b, c).await, Outcome::Stale { current: 2 });
+    assert_eq!(
+        alarms_of_partition(b, fence(1, 2)).await,
+        Outcome::Done(vec![x])
+    );
+    assert_eq!(alarms_of(b, &s, fence(1, 2)).await, alarms(&[("x", 10)]));
+    // Never loaded under any token: refused too.
+    let c = commit(&s, fence(9, 3), vec![set_alarm("never", 1)], 0);
+    assert_eq!(commit_one(b, c).await, Outcome::Stale { current: 0 });
+    assert_eq!(
+        alarms_of_partition(b, fence(9, 3)).await,
+        Outcome::Done(vec![])
+    );
+}
+
+async fn a_partition_alarm_load_sees_the_commits_before_it_and_fences_older_owners(
+    b: &dyn Backend,
+) {
+    let (k, j, other) = (
+        scope("acme/m", "k"),
+        scope("acme/b", "j"),
+        scope("acme/m", "o"),
+    );
+    for s in [&k, &j] {
+        load(b, s, fence(4, 1)).await;
+    }
+    load(b, &other, fence(5, 1)).await;
+    let commits = vec![
+        commit(
+            &k,
+            fence(4, 1),
+            vec![set_alarm("b", 30), set_alarm("a", 40)],
+            0,
+        ),
+        commit(&other, fence(5, 1), vec![set_alarm("a", 1)], 0),
+    ];
+    round(b, commits, vec![]).await;
+    // In one round: a commit of the old owner, then the new owner's
+    // partition load, which sees it (commits are judged and applied first).
+    let r = b
+        .round(Round {
+            commits: vec![commit(&j, fence(4, 1), vec![set_alarm("z", 20)], 0)],
+            partition_alarms: vec![fence(4, 2), fence(4, 1), fence(6, 2)],
+            ..Round::default()
+        })
+        .await
+        .expect("the round lands");
+    assert_eq!(r.commits, vec![Outcome::Done(0)]);
+    // Sorted by (module, key, name); partition 5's alarm is not there.
+    let expected = vec![
+        stored_alarm(4, &j, "z", 20),
+        stored_alarm(4, &k, "a", 40),
+        stored_alarm(4, &k, "b", 30),
+    ];
+    assert_eq!(
+        r.partition_alarms,
+        vec![
+            Outcome::Done(expected),
+            Outcome::Stale { current: 2 },
+            Outcome::Done(vec![]),
+        ]
+    );
+    // The load raised the fence: the old owner commits nothing more, and
+    // the raise counts like a key load's.
+    let c = commit(&k, fence(4, 1), vec![cancel_alarm("a")], 0);
+    assert_eq!(commit_one(b, c).await, Outcome::Stale { current: 2 });
+    assert_eq!(b.highest_fence_token().await.expect("the highest token"), 2);
+    // A key load after it in the same round sees the raised token; a
+    // partition load is judged after the round's key loads.
+    let r = b
+        .round(Round {
+            loads: vec![Load {
+                scope: other.clone(),
+                fence: fence(5, 3),
+            }],
+            partition_alarms: vec![fence(5, 2)],
+            ..Round::default()
+        })
+        .await
+        .expect("the round lands");
+    assert!(matches!(r.loads[0], Outcome::Done(_)));
+    assert_eq!(r.partition_alarms, vec![Outcome::Stale { current: 3 }]);
+}
+
 /// Instantiate every rule for one backend, as a module of tests.
 macro_rules! rules_for {
     ($kind:ident: $($rule:ident),* $(,)?) => {
@@ -596,6 +809,9 @@ macro_rules! contract {
                 names_sort_in_byte_order,
                 scopes_are_isolated,
                 the_highest_fence_token_is_the_top_of_every_partition,
+                alarms_land_with_their_commit_and_load_with_their_key,
+                a_stale_commit_sets_and_cancels_no_alarm,
+                a_partition_alarm_load_sees_the_commits_before_it_and_fences_older_owners,
             );
         )*
     };
@@ -607,7 +823,7 @@ contract!(in_memory, on_file, postgres);
 // The embedded file.
 
 #[tokio::test]
-async fn an_embedded_file_keeps_everything_across_close_and_reopen() {
+async fn an_embedded_file_keeps_entries_alarms_and_fences_across_close_and_reopen() {
     let dir = temp_dir();
     let path = dir.join("nested").join("state.redb");
     let s = scope("acme/m", "k");
@@ -615,8 +831,12 @@ async fn an_embedded_file_keeps_everything_across_close_and_reopen() {
         let b = EmbeddedBackend::open(&path).expect("opening");
         assert_eq!(b.describe(), format!("embedded {}", path.display()));
         load(&b, &s, fence(3, 4)).await;
-        let c = commit(&s, fence(3, 4), vec![put("a", b"1"), put("b", b"2")], 6);
-        commit_one(&b, c).await;
+        let writes = vec![
+            put("a", b"1"),
+            put("b", b"2"),
+            set_alarm("wake", 1_700_000_000_000),
+        ];
+        commit_one(&b, commit(&s, fence(3, 4), writes, 6)).await;
     }
     let b = EmbeddedBackend::open(&path).expect("reopening");
     assert_eq!(
@@ -625,9 +845,15 @@ async fn an_embedded_file_keeps_everything_across_close_and_reopen() {
     );
     let loaded = Loaded {
         entries: entries(&[("a", b"1"), ("b", b"2")]),
+        alarms: vec![("wake".to_owned(), 1_700_000_000_000)],
         tenant_bytes: 6,
     };
     assert_eq!(load(&b, &s, fence(3, 4)).await, Outcome::Done(loaded));
+    let alarm = stored_alarm(3, &s, "wake", 1_700_000_000_000);
+    assert_eq!(
+        alarms_of_partition(&b, fence(3, 4)).await,
+        Outcome::Done(vec![alarm])
+    );
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -724,8 +950,8 @@ async fn postgres_two_nodes_racing_never_deadlock_nor_land_a_stale_commit() {
                     .collect();
                 let result = node
                     .round(Round {
-                        commits: vec![],
                         loads,
+                        ..Round::default()
                     })
                     .await;
                 for (&p, outcome) in order.iter().zip(result.expect("a load round").loads) {
@@ -746,7 +972,7 @@ async fn postgres_two_nodes_racing_never_deadlock_nor_land_a_stale_commit() {
                 let result = node
                     .round(Round {
                         commits,
-                        loads: vec![],
+                        ..Round::default()
                     })
                     .await;
                 for (&p, outcome) in order.iter().zip(result.expect("a commit round").commits) {
