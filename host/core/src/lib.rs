@@ -33,11 +33,15 @@
 //!   only on its partition's stored fence token; a load raises it, or is
 //!   refused when it is higher), run by the host's storage backends and the
 //!   simulation's store.
+//! - [`alarm`]: the per-node schedule of durable alarms (which stored alarm
+//!   of a served partition fires now, retries with backoff, one firing in
+//!   flight per alarm), fed by the node's loads, commits and clock.
 //! - `sim` (tests, or the `sim` feature): the deterministic simulation of a
 //!   cluster with a seeded fault scheduler and a single-ownership checker.
 
 #![forbid(unsafe_code)]
 
+pub mod alarm;
 pub mod arbiter;
 pub mod assignment;
 pub mod coordinator;

@@ -15,6 +15,9 @@ use super::{
     Round, Write,
 };
 
+mod alarms;
+use alarms::*;
+
 /// The database the PostgreSQL tests use (created if missing).
 const TEST_DATABASE: &str = "fief_test";
 
@@ -164,9 +167,12 @@ fn entries(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
 
 /// Run `round`, which must land.
 async fn round(b: &dyn Backend, commits: Vec<Commit>, loads: Vec<Load>) -> super::RoundResult {
-    b.round(Round { commits, loads })
-        .await
-        .expect("the round lands")
+    let round = Round {
+        commits,
+        loads,
+        ..Round::default()
+    };
+    b.round(round).await.expect("the round lands")
 }
 
 /// Load one key alone.
@@ -324,6 +330,7 @@ async fn a_load_sees_the_commits_of_its_round(b: &dyn Backend) {
     assert_eq!(result.commits, vec![Outcome::Done(2)]);
     let loaded = Loaded {
         entries: entries(&[("a", b"1")]),
+        alarms: vec![],
         tenant_bytes: 2,
     };
     assert_eq!(result.loads, vec![Outcome::Done(loaded)]);
@@ -596,6 +603,9 @@ macro_rules! contract {
                 names_sort_in_byte_order,
                 scopes_are_isolated,
                 the_highest_fence_token_is_the_top_of_every_partition,
+                alarms_land_with_their_commit_and_load_with_their_key,
+                a_stale_commit_sets_and_cancels_no_alarm,
+                a_partition_alarm_load_sees_the_commits_before_it_and_fences_older_owners,
             );
         )*
     };
@@ -607,7 +617,7 @@ contract!(in_memory, on_file, postgres);
 // The embedded file.
 
 #[tokio::test]
-async fn an_embedded_file_keeps_everything_across_close_and_reopen() {
+async fn an_embedded_file_keeps_entries_alarms_and_fences_across_close_and_reopen() {
     let dir = temp_dir();
     let path = dir.join("nested").join("state.redb");
     let s = scope("acme/m", "k");
@@ -615,8 +625,12 @@ async fn an_embedded_file_keeps_everything_across_close_and_reopen() {
         let b = EmbeddedBackend::open(&path).expect("opening");
         assert_eq!(b.describe(), format!("embedded {}", path.display()));
         load(&b, &s, fence(3, 4)).await;
-        let c = commit(&s, fence(3, 4), vec![put("a", b"1"), put("b", b"2")], 6);
-        commit_one(&b, c).await;
+        let writes = vec![
+            put("a", b"1"),
+            put("b", b"2"),
+            set_alarm("wake", 1_700_000_000_000),
+        ];
+        commit_one(&b, commit(&s, fence(3, 4), writes, 6)).await;
     }
     let b = EmbeddedBackend::open(&path).expect("reopening");
     assert_eq!(
@@ -625,9 +639,15 @@ async fn an_embedded_file_keeps_everything_across_close_and_reopen() {
     );
     let loaded = Loaded {
         entries: entries(&[("a", b"1"), ("b", b"2")]),
+        alarms: vec![("wake".to_owned(), 1_700_000_000_000)],
         tenant_bytes: 6,
     };
     assert_eq!(load(&b, &s, fence(3, 4)).await, Outcome::Done(loaded));
+    let alarm = stored_alarm(3, &s, "wake", 1_700_000_000_000);
+    assert_eq!(
+        alarms_of_partition(&b, fence(3, 4)).await,
+        Outcome::Done(vec![alarm])
+    );
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -724,8 +744,8 @@ async fn postgres_two_nodes_racing_never_deadlock_nor_land_a_stale_commit() {
                     .collect();
                 let result = node
                     .round(Round {
-                        commits: vec![],
                         loads,
+                        ..Round::default()
                     })
                     .await;
                 for (&p, outcome) in order.iter().zip(result.expect("a load round").loads) {
@@ -746,7 +766,7 @@ async fn postgres_two_nodes_racing_never_deadlock_nor_land_a_stale_commit() {
                 let result = node
                     .round(Round {
                         commits,
-                        loads: vec![],
+                        ..Round::default()
                     })
                     .await;
                 for (&p, outcome) in order.iter().zip(result.expect("a commit round").commits) {

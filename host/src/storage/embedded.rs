@@ -5,7 +5,10 @@
 //!
 //! It owns the file's tables and their transactions: a round is one redb
 //! write transaction committed with [`Durability::Immediate`], so one fsync
-//! per round whatever its number of commits (the group commit). redb is
+//! per round whatever its number of commits (the group commit). A key's
+//! alarms are rows of their own table keyed by (partition, module, key,
+//! name), so a partition's alarms are one range and a key's are a range
+//! inside it. redb is
 //! synchronous, so every transaction runs on tokio's blocking pool. It must
 //! not decide anything but what `super::plan` decides.
 
@@ -17,7 +20,10 @@ use redb::backends::InMemoryBackend;
 use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::plan;
-use super::{Backend, BackendError, BoxFuture, KeyScope, Loaded, Round, RoundResult, Write};
+use super::{
+    AlarmId, Backend, BackendError, BoxFuture, KeyScope, Loaded, Round, RoundResult, StoredAlarm,
+    Write,
+};
 
 /// The fence token of each partition.
 const FENCES: TableDefinition<u32, u64> = TableDefinition::new("fief_storage_fences");
@@ -26,6 +32,10 @@ const FENCES: TableDefinition<u32, u64> = TableDefinition::new("fief_storage_fen
 /// contiguous and sorted.
 const ENTRIES: TableDefinition<(&str, &str, &str), &[u8]> =
     TableDefinition::new("fief_storage_entries");
+/// The alarms, keyed by (partition, module, key, name), valued by their time
+/// (milliseconds since the Unix epoch).
+const ALARMS: TableDefinition<(u32, &str, &str, &str), u64> =
+    TableDefinition::new("fief_storage_alarms");
 /// The bytes stored per tenant.
 const USAGE: TableDefinition<&str, u64> = TableDefinition::new("fief_storage_usage");
 
@@ -34,6 +44,12 @@ type Entry = (String, Vec<u8>);
 
 /// The entries table, as a write transaction opens it.
 type Entries<'t> = redb::Table<'t, (&'static str, &'static str, &'static str), &'static [u8]>;
+
+/// The key of an alarm row: (partition, module, key, name).
+type AlarmKey = (u32, &'static str, &'static str, &'static str);
+
+/// The alarms table, as a write transaction opens it.
+type Alarms<'t> = redb::Table<'t, AlarmKey, u64>;
 
 /// Durable key state in a redb database (see the module docs).
 pub struct EmbeddedBackend {
@@ -93,6 +109,7 @@ impl EmbeddedBackend {
         let txn = db.begin_write().map_err(unavailable)?;
         txn.open_table(FENCES).map_err(unavailable)?;
         txn.open_table(ENTRIES).map_err(unavailable)?;
+        txn.open_table(ALARMS).map_err(unavailable)?;
         txn.open_table(USAGE).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(EmbeddedBackend {
@@ -148,8 +165,55 @@ fn scan(
     Ok(out)
 }
 
+/// The alarms of `scope` (on `partition`), sorted by name.
+fn key_alarms(
+    alarms: &impl ReadableTable<AlarmKey, u64>,
+    partition: u32,
+    scope: &KeyScope,
+) -> Result<Vec<(String, u64)>, redb::Error> {
+    let (module, key) = (scope.module.as_str(), scope.key.as_str());
+    let end = after_scope(scope);
+    let mut out = Vec::new();
+    for item in alarms.range((partition, module, key, "")..(partition, module, end.as_str(), ""))? {
+        let (row, at) = item?;
+        out.push((row.value().3.to_owned(), at.value()));
+    }
+    Ok(out)
+}
+
+/// Every alarm of `partition`, sorted by (module, key, name).
+fn partition_alarms(
+    alarms: &impl ReadableTable<AlarmKey, u64>,
+    partition: u32,
+) -> Result<Vec<StoredAlarm>, redb::Error> {
+    let mut out = Vec::new();
+    for item in alarms.range((partition, "", "", "")..)? {
+        let (row, at) = item?;
+        let (p, module, key, name) = row.value();
+        if p != partition {
+            break;
+        }
+        let id = AlarmId {
+            partition,
+            module: module.to_owned(),
+            key: key.to_owned(),
+            name: name.to_owned(),
+        };
+        out.push(StoredAlarm {
+            id,
+            at_ms: at.value(),
+        });
+    }
+    Ok(out)
+}
+
 /// Apply one landed commit's writes, in order.
-fn apply(entries: &mut Entries<'_>, scope: &KeyScope, writes: &[Write]) -> Result<(), redb::Error> {
+fn apply(
+    entries: &mut Entries<'_>,
+    alarms: &mut Alarms<'_>,
+    commit: &super::Commit,
+) -> Result<(), redb::Error> {
+    let (scope, partition, writes) = (&commit.scope, commit.fence.partition, &commit.writes);
     let (module, key) = (scope.module.as_str(), scope.key.as_str());
     let end_of_scope = after_scope(scope);
     for write in writes {
@@ -168,6 +232,12 @@ fn apply(entries: &mut Entries<'_>, scope: &KeyScope, writes: &[Write]) -> Resul
                 };
                 entries.retain_in((module, key, start.as_str())..end, |_, _| false)?;
             }
+            Write::SetAlarm { name, at_ms } => {
+                alarms.insert((partition, module, key, name.as_str()), at_ms)?;
+            }
+            Write::CancelAlarm { name } => {
+                alarms.remove((partition, module, key, name.as_str()))?;
+            }
         }
     }
     Ok(())
@@ -181,6 +251,7 @@ fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
     let result = {
         let mut fences = txn.open_table(FENCES)?;
         let mut entries = txn.open_table(ENTRIES)?;
+        let mut alarms = txn.open_table(ALARMS)?;
         let mut usage_table = txn.open_table(USAGE)?;
 
         let mut tokens = BTreeMap::new();
@@ -201,7 +272,7 @@ fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
         }
         let after = plan::usage_after(round, &decisions, &mut usage);
         for commit in decisions.landed(round) {
-            apply(&mut entries, &commit.scope, &commit.writes)?;
+            apply(&mut entries, &mut alarms, commit)?;
         }
         for (tenant, bytes) in &usage {
             usage_table.insert(tenant.as_str(), bytes)?;
@@ -219,10 +290,15 @@ fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
             };
             loaded.push(Loaded {
                 entries: scan(&entries, &load.scope, "", "", usize::MAX)?,
+                alarms: key_alarms(&alarms, load.fence.partition, &load.scope)?,
                 tenant_bytes,
             });
         }
-        plan::result(&decisions, after, loaded)
+        let mut by_partition = Vec::new();
+        for partition in decisions.alarm_partitions(round) {
+            by_partition.push(partition_alarms(&alarms, partition)?);
+        }
+        plan::result(&decisions, after, loaded, by_partition)
     };
     txn.commit()?;
     Ok(result)
@@ -237,7 +313,7 @@ impl Backend for EmbeddedBackend {
     }
 
     fn round(&self, round: Round) -> BoxFuture<'_, Result<RoundResult, BackendError>> {
-        if round.commits.is_empty() && round.loads.is_empty() {
+        if round.is_empty() {
             return Box::pin(async { Ok(RoundResult::default()) });
         }
         self.blocking(move |db| run_round(db, &round))

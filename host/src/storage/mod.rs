@@ -22,6 +22,14 @@
 //! atomic: it lands whole (each commit landing or refused as stale) or not
 //! at all ([`BackendError`]).
 //!
+//! A key's state also holds its durable alarms (`docs/alarms.md`): a commit
+//! sets and cancels them with [`Write::SetAlarm`] and [`Write::CancelAlarm`],
+//! applied with its other writes under the same fence check (a stale commit
+//! applies none), and a key's load returns them ([`Loaded::alarms`]). The
+//! alarm rows are kept by partition, so a round can also load a whole
+//! partition's alarms for its new owner ([`Round::partition_alarms`]): such
+//! a load raises the partition's fence token exactly as a key load does.
+//!
 //! This module owns the contract and its types. It must not know about key
 //! processes, the output gate or routing (`crate::storage::gate` and the
 //! key layer do), and a backend must not decide anything but the fence
@@ -29,6 +37,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+
+pub use fief_core::alarm::{AlarmId, StoredAlarm};
 
 #[cfg(test)]
 mod contract_tests;
@@ -99,6 +109,20 @@ pub enum Write {
         /// The first name kept, if any.
         end: Option<String>,
     },
+    /// Set the key's alarm `name` to fire at `at_ms` (milliseconds since the
+    /// Unix epoch), replacing an alarm of that name. Alarm names are apart
+    /// from entry names: no entry write touches an alarm.
+    SetAlarm {
+        /// The alarm's name.
+        name: String,
+        /// When it is due.
+        at_ms: u64,
+    },
+    /// Cancel the key's alarm `name` (none: nothing happens).
+    CancelAlarm {
+        /// The alarm's name.
+        name: String,
+    },
 }
 
 /// The writes of one callback of one key process, to land atomically.
@@ -127,20 +151,36 @@ pub struct Load {
     pub fence: Fence,
 }
 
-/// What one round asks: commits first, then loads.
+/// What one round asks: commits first, then loads, then partitions' alarm
+/// loads.
 #[derive(Clone, Debug, Default)]
 pub struct Round {
     /// Applied first, each checked against its partition's fence token.
     pub commits: Vec<Commit>,
     /// Read after the commits, each raising its partition's fence token.
     pub loads: Vec<Load>,
+    /// Every alarm of a partition, for the node that starts serving it
+    /// under the token in the fence: read after the key loads, each raising
+    /// its partition's fence token as a key load does (and refused, stale,
+    /// when it is higher).
+    pub partition_alarms: Vec<Fence>,
 }
 
-/// A key's state as loaded: entries sorted by name, and its tenant's usage.
+impl Round {
+    /// Whether it asks nothing (a backend answers it without a transaction).
+    pub fn is_empty(&self) -> bool {
+        self.commits.is_empty() && self.loads.is_empty() && self.partition_alarms.is_empty()
+    }
+}
+
+/// A key's state as loaded: entries and alarms sorted by name, and its
+/// tenant's usage.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Loaded {
     /// Every entry of the key, sorted by name (byte order).
     pub entries: Vec<(String, Vec<u8>)>,
+    /// Every alarm of the key, `(name, at_ms)`, sorted by name (byte order).
+    pub alarms: Vec<(String, u64)>,
     /// The bytes stored for the key's tenant (every key of every module of
     /// the tenant), after this round's commits.
     pub tenant_bytes: u64,
@@ -169,6 +209,9 @@ pub struct RoundResult {
     pub commits: Vec<Outcome<u64>>,
     /// One per load.
     pub loads: Vec<Outcome<Loaded>>,
+    /// One per partition's alarm load: its alarms, sorted by
+    /// (module, key, name).
+    pub partition_alarms: Vec<Outcome<Vec<StoredAlarm>>>,
 }
 
 /// Why a round did not land: none of it was applied.

@@ -1,7 +1,7 @@
 //! The decisions of one round that every backend takes the same way, on
 //! values it has read (and locked) in the round's transaction: which commits
-//! land and which loads are stale against the partitions' fence tokens, which
-//! tokens the loads raise (the rule itself is the core's
+//! land and which loads (of keys and of partitions' alarms) are stale against
+//! the partitions' fence tokens, which tokens the loads raise (the rule itself is the core's
 //! `fief_core::storage_fence`, which the simulation's store runs too), and
 //! the tenants' usage after each commit. It owns only these pure functions;
 //! it must not read or write a store (the backends do, in their
@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use fief_core::storage_fence;
 
-use super::{Commit, Loaded, Outcome, Round, RoundResult};
+use super::{Commit, Loaded, Outcome, Round, RoundResult, StoredAlarm};
 
 /// What the fence check decided for one round.
 #[derive(Debug, Default)]
@@ -20,6 +20,8 @@ pub(super) struct Decisions {
     pub commits: Vec<Option<u64>>,
     /// Per load, in order: `None` if it is served, `Some(current)` if stale.
     pub loads: Vec<Option<u64>>,
+    /// Per partition's alarm load, in order, as for `loads`.
+    pub partition_alarms: Vec<Option<u64>>,
     /// The fence tokens the loads raised: partition → new token.
     pub raised: BTreeMap<u32, u64>,
 }
@@ -34,6 +36,17 @@ impl Decisions {
             .filter(|(_, stale)| stale.is_none())
             .map(|(commit, _)| commit)
     }
+
+    /// The partitions whose alarm loads are served, in order.
+    pub fn alarm_partitions(&self, round: &Round) -> Vec<u32> {
+        round
+            .partition_alarms
+            .iter()
+            .zip(&self.partition_alarms)
+            .filter(|(_, stale)| stale.is_none())
+            .map(|(fence, _)| fence.partition)
+            .collect()
+    }
 }
 
 /// Every partition the round touches, ascending and without repeats (the
@@ -44,6 +57,7 @@ pub(super) fn partitions(round: &Round) -> Vec<u32> {
         .iter()
         .map(|c| c.fence.partition)
         .chain(round.loads.iter().map(|l| l.fence.partition))
+        .chain(round.partition_alarms.iter().map(|f| f.partition))
         .collect();
     out.sort_unstable();
     out.dedup();
@@ -54,7 +68,8 @@ pub(super) fn partitions(round: &Round) -> Vec<u32> {
 /// token 0): the core's rule (`fief_core::storage_fence`, which the
 /// simulation's store runs too) — commits first, each landing only on its
 /// own token; then loads in order, each refused when the token is already
-/// higher and raising it otherwise.
+/// higher and raising it otherwise: the key loads, then the partitions'
+/// alarm loads, which are loads like any other.
 pub(super) fn decide(round: &Round, tokens: &BTreeMap<u32, u64>) -> Decisions {
     let d = storage_fence::decide(
         round
@@ -64,12 +79,17 @@ pub(super) fn decide(round: &Round, tokens: &BTreeMap<u32, u64>) -> Decisions {
         round
             .loads
             .iter()
-            .map(|l| (l.fence.partition, l.fence.token)),
+            .map(|l| l.fence)
+            .chain(round.partition_alarms.iter().copied())
+            .map(|f| (f.partition, f.token)),
         tokens,
     );
+    let mut loads = d.loads;
+    let partition_alarms = loads.split_off(round.loads.len());
     Decisions {
         commits: d.commits,
-        loads: d.loads,
+        loads,
+        partition_alarms,
         raised: d.raised,
     }
 }
@@ -116,12 +136,14 @@ pub(super) fn usage_after(
 }
 
 /// The round's answer: the commits' outcomes from `decisions` and
-/// `after` (see [`usage_after`]), and the loads' from `decisions` and
-/// `loaded` (one per served load, in order).
+/// `after` (see [`usage_after`]), the loads' from `decisions` and
+/// `loaded` (one per served load, in order), and the partitions' alarm
+/// loads' from `decisions` and `alarms` (one per served one, in order).
 pub(super) fn result(
     decisions: &Decisions,
     after: Vec<Option<u64>>,
     loaded: impl IntoIterator<Item = Loaded>,
+    alarms: impl IntoIterator<Item = Vec<StoredAlarm>>,
 ) -> RoundResult {
     let commits = decisions
         .commits
@@ -134,16 +156,26 @@ pub(super) fn result(
             },
         })
         .collect();
-    let mut loaded = loaded.into_iter();
-    let loads = decisions
-        .loads
+    RoundResult {
+        commits,
+        loads: answers(&decisions.loads, loaded),
+        partition_alarms: answers(&decisions.partition_alarms, alarms),
+    }
+}
+
+/// Per load: `Stale` as decided, or the next of `served`.
+fn answers<T: Default>(
+    decided: &[Option<u64>],
+    served: impl IntoIterator<Item = T>,
+) -> Vec<Outcome<T>> {
+    let mut served = served.into_iter();
+    decided
         .iter()
         .map(|stale| match stale {
             Some(current) => Outcome::Stale { current: *current },
-            None => Outcome::Done(loaded.next().unwrap_or_default()),
+            None => Outcome::Done(served.next().unwrap_or_default()),
         })
-        .collect();
-    RoundResult { commits, loads }
+        .collect()
 }
 
 /// The first string after every string that starts with `prefix`, in byte

@@ -1,5 +1,5 @@
-//! The PostgreSQL backend: durable key state in three tables of a
-//! namespace (fence tokens, entries, tenant usage), created by an idempotent
+//! The PostgreSQL backend: durable key state in four tables of a
+//! namespace (fence tokens, entries, alarms, tenant usage), created by an idempotent
 //! migration at connect under an advisory lock. It owns its connection
 //! (reconnecting on the round after one broke), its SQL and the order in
 //! which a round's transaction locks rows. It must not decide anything but
@@ -10,7 +10,9 @@
 //! deadlock), decide, raise tokens, apply the landed commits' writes set-wise
 //! (one statement per kind of write, arrays through `unnest`), lock and
 //! update the tenants' usage rows (ascending, after every fence row), then
-//! read the loads' entries.
+//! read the loads' entries and alarms and the partitions' alarms. The alarm
+//! table's primary key leads with the partition, so a partition's alarms
+//! are one index range.
 //!
 //! Portability (to PostgreSQL-compatible distributed databases such as
 //! CockroachDB or YugabyteDB): only `CREATE TABLE IF NOT EXISTS`, composite
@@ -30,7 +32,10 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement, Transaction};
 
 use super::plan::{self, Decisions};
-use super::{Backend, BackendError, BoxFuture, KeyScope, Loaded, Round, RoundResult, Write};
+use super::{
+    AlarmId, Backend, BackendError, BoxFuture, KeyScope, Loaded, Round, RoundResult, StoredAlarm,
+    Write,
+};
 
 /// A key's entries, sorted by name.
 type Entries = Vec<(String, Vec<u8>)>;
@@ -50,6 +55,15 @@ CREATE TABLE IF NOT EXISTS fief_storage_entries (
     name      bytea NOT NULL,
     value     bytea NOT NULL,
     PRIMARY KEY (namespace, module, key, name)
+);
+CREATE TABLE IF NOT EXISTS fief_storage_alarms (
+    namespace text NOT NULL,
+    partition integer NOT NULL,
+    module    text NOT NULL,
+    key       text NOT NULL,
+    name      bytea NOT NULL,
+    at_ms     bigint NOT NULL,
+    PRIMARY KEY (namespace, partition, module, key, name)
 );
 CREATE TABLE IF NOT EXISTS fief_storage_usage (
     namespace text NOT NULL,
@@ -105,11 +119,15 @@ struct Statements {
     delete_ranges: Statement,
     delete_names: Statement,
     upsert: Statement,
+    delete_alarms: Statement,
+    upsert_alarms: Statement,
     insert_usage: Statement,
     lock_usage: Statement,
     set_usage: Statement,
     read_usage: Statement,
     read_entries: Statement,
+    read_key_alarms: Statement,
+    read_partition_alarms: Statement,
     read_prefix: Statement,
 }
 
@@ -164,6 +182,25 @@ impl Statements {
                      DO UPDATE SET value = excluded.value",
                 )
                 .await?,
+            delete_alarms: client
+                .prepare(
+                    "DELETE FROM fief_storage_alarms AS a
+                     USING unnest($2::int4[], $3::text[], $4::text[], $5::bytea[])
+                         AS d(partition, module, key, name)
+                     WHERE a.namespace = $1 AND a.partition = d.partition
+                       AND a.module = d.module AND a.key = d.key AND a.name = d.name",
+                )
+                .await?,
+            upsert_alarms: client
+                .prepare(
+                    "INSERT INTO fief_storage_alarms (namespace, partition, module, key, name, at_ms)
+                     SELECT $1::text, u.partition, u.module, u.key, u.name, u.at_ms
+                     FROM unnest($2::int4[], $3::text[], $4::text[], $5::bytea[], $6::int8[])
+                         AS u(partition, module, key, name, at_ms)
+                     ON CONFLICT (namespace, partition, module, key, name)
+                     DO UPDATE SET at_ms = excluded.at_ms",
+                )
+                .await?,
             insert_usage: client
                 .prepare(
                     "INSERT INTO fief_storage_usage (namespace, tenant, bytes)
@@ -199,6 +236,22 @@ impl Statements {
                        ON e.module = l.module AND e.key = l.key
                      WHERE e.namespace = $1
                      ORDER BY e.name",
+                )
+                .await?,
+            read_key_alarms: client
+                .prepare(
+                    "SELECT a.partition, a.module, a.key, a.name, a.at_ms
+                     FROM fief_storage_alarms AS a
+                     JOIN unnest($2::int4[], $3::text[], $4::text[]) AS l(partition, module, key)
+                       ON a.partition = l.partition AND a.module = l.module AND a.key = l.key
+                     WHERE a.namespace = $1
+                     ORDER BY a.name",
+                )
+                .await?,
+            read_partition_alarms: client
+                .prepare(
+                    "SELECT partition, module, key, name, at_ms FROM fief_storage_alarms
+                     WHERE namespace = $1 AND partition = ANY($2::int4[])",
                 )
                 .await?,
             read_prefix: client
@@ -415,12 +468,17 @@ impl Op<'_> {
 /// A key's names and their last value in a round (`None`: deleted).
 type LastWrites<'r> = BTreeMap<&'r str, Option<&'r [u8]>>;
 
+/// An alarm row's key: (partition, module, key, name).
+type AlarmRow<'r> = (u32, &'r str, &'r str, &'r str);
+
 #[derive(Default)]
 struct Batch<'r> {
     /// Per key: name → its last value (`None`: deleted).
     names: BTreeMap<(&'r str, &'r str), LastWrites<'r>>,
     /// (module, key, start, end) of every range.
     ranges: Vec<(&'r str, &'r str, &'r str, Option<&'r str>)>,
+    /// Per alarm: its last time (`None`: cancelled).
+    alarms: BTreeMap<AlarmRow<'r>, Option<u64>>,
 }
 
 impl<'r> Batch<'r> {
@@ -444,6 +502,14 @@ impl<'r> Batch<'r> {
                         }
                         names.retain(|n, _| *n < start.as_str() || end.is_some_and(|e| *n >= e));
                         batch.ranges.push((module, key, start.as_str(), end));
+                    }
+                    Write::SetAlarm { name, at_ms } => {
+                        let row = (commit.fence.partition, module, key, name.as_str());
+                        batch.alarms.insert(row, Some(*at_ms));
+                    }
+                    Write::CancelAlarm { name } => {
+                        let row = (commit.fence.partition, module, key, name.as_str());
+                        batch.alarms.insert(row, None);
                     }
                 }
             }
@@ -484,7 +550,29 @@ impl<'r> Batch<'r> {
                 }
             }
         }
+        let (mut ad_p, mut ad_mod, mut ad_key, mut ad_name) = (vec![], vec![], vec![], vec![]);
+        let (mut as_p, mut as_mod, mut as_key, mut as_name, mut as_at) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for ((partition, module, key, name), at) in &self.alarms {
+            match at {
+                None => {
+                    ad_p.push(*partition as i32);
+                    ad_mod.push(*module);
+                    ad_key.push(*key);
+                    ad_name.push(name.as_bytes());
+                }
+                Some(at) => {
+                    as_p.push(*partition as i32);
+                    as_mod.push(*module);
+                    as_key.push(*key);
+                    as_name.push(name.as_bytes());
+                    as_at.push(stored(*at));
+                }
+            }
+        }
         let ranges: [&(dyn ToSql + Sync); 5] = [&ns, &r_mod, &r_key, &r_lo, &r_hi];
+        let alarm_deletes: [&(dyn ToSql + Sync); 5] = [&ns, &ad_p, &ad_mod, &ad_key, &ad_name];
+        let alarm_sets: [&(dyn ToSql + Sync); 6] = [&ns, &as_p, &as_mod, &as_key, &as_name, &as_at];
         let deletes: [&(dyn ToSql + Sync); 4] = [&ns, &d_mod, &d_key, &d_name];
         let puts: [&(dyn ToSql + Sync); 5] = [&ns, &p_mod, &p_key, &p_name, &p_value];
         let mut pending = Vec::new();
@@ -497,14 +585,22 @@ impl<'r> Batch<'r> {
         if !p_mod.is_empty() {
             pending.push(tx.execute(&st.upsert, &puts));
         }
+        if !ad_p.is_empty() {
+            pending.push(tx.execute(&st.delete_alarms, &alarm_deletes));
+        }
+        if !as_p.is_empty() {
+            pending.push(tx.execute(&st.upsert_alarms, &alarm_sets));
+        }
         futures_util::future::try_join_all(pending).await?;
         Ok(())
     }
 }
 
-/// A token as stored (`bigint`): the same 64 bits.
-fn stored(token: u64) -> i64 {
-    token as i64
+/// A token or an alarm's time as stored (`bigint`): the same 64 bits
+/// (tokens are table epochs and times are milliseconds, both far below
+/// 2^63, so signed order is theirs).
+fn stored(value: u64) -> i64 {
+    value as i64
 }
 
 /// One round in the transaction `tx` (see the module docs).
@@ -562,26 +658,41 @@ async fn run_round(
         .map(|(t, b)| (t.as_str(), (*b).min(i64::MAX as u64) as i64))
         .unzip();
 
-    let served: Vec<&KeyScope> = round
+    let served: Vec<(u32, &KeyScope)> = round
         .loads
         .iter()
         .zip(&decisions.loads)
         .filter(|(_, stale)| stale.is_none())
-        .map(|(l, _)| &l.scope)
+        .map(|(l, _)| (l.fence.partition, &l.scope))
         .collect();
     let mut others: Vec<&str> = served
         .iter()
-        .map(|s| s.tenant())
+        .map(|(_, s)| s.tenant())
         .filter(|t| !usage.contains_key(*t))
         .collect();
     others.sort_unstable();
     others.dedup();
     let (l_mod, l_key): (Vec<&str>, Vec<&str>) = served
         .iter()
-        .map(|s| (s.module.as_str(), s.key.as_str()))
+        .map(|(_, s)| (s.module.as_str(), s.key.as_str()))
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .unzip();
+    let (mut la_p, mut la_mod, mut la_key) = (vec![], vec![], vec![]);
+    for (p, module, key) in served
+        .iter()
+        .map(|(p, s)| (*p as i32, s.module.as_str(), s.key.as_str()))
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        la_p.push(p);
+        la_mod.push(module);
+        la_key.push(key);
+    }
+    let alarm_partitions: Vec<i32> = decisions
+        .alarm_partitions(round)
+        .into_iter()
+        .map(|p| p as i32)
+        .collect();
     let set_usage = async {
         if !u_tenant.is_empty() {
             tx.execute(&st.set_usage, &[&ns, &u_tenant, &u_bytes])
@@ -601,8 +712,29 @@ async fn run_round(
         }
         tx.query(&st.read_entries, &[&ns, &l_mod, &l_key]).await
     };
-    let (_, usage_rows, entry_rows) =
-        futures_util::future::try_join3(set_usage, read_usage, read_entries).await?;
+    let read_key_alarms = async {
+        if la_p.is_empty() {
+            return Ok(Vec::new());
+        }
+        let params: [&(dyn ToSql + Sync); 4] = [&ns, &la_p, &la_mod, &la_key];
+        tx.query(&st.read_key_alarms, &params).await
+    };
+    let read_partition_alarms = async {
+        if alarm_partitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        tx.query(&st.read_partition_alarms, &[&ns, &alarm_partitions])
+            .await
+    };
+    let (_, usage_rows, entry_rows, key_alarm_rows, partition_alarm_rows) =
+        futures_util::future::try_join5(
+            set_usage,
+            read_usage,
+            read_entries,
+            read_key_alarms,
+            read_partition_alarms,
+        )
+        .await?;
     for r in usage_rows {
         usage.insert(r.get(0), r.get::<_, i64>(1).max(0) as u64);
     }
@@ -613,14 +745,58 @@ async fn run_round(
             .or_default()
             .push((name_of(r.get(2)), r.get(3)));
     }
-    let loaded = served.into_iter().map(|scope| Loaded {
+    let mut key_alarms: BTreeMap<(u32, String, String), Vec<(String, u64)>> = BTreeMap::new();
+    for alarm in key_alarm_rows.into_iter().map(alarm_of) {
+        let AlarmId {
+            partition,
+            module,
+            key,
+            name,
+        } = alarm.id;
+        key_alarms
+            .entry((partition, module, key))
+            .or_default()
+            .push((name, alarm.at_ms));
+    }
+    let mut by_partition: BTreeMap<u32, Vec<StoredAlarm>> = BTreeMap::new();
+    for alarm in partition_alarm_rows.into_iter().map(alarm_of) {
+        by_partition
+            .entry(alarm.id.partition)
+            .or_default()
+            .push(alarm);
+    }
+    for alarms in by_partition.values_mut() {
+        alarms.sort_unstable();
+    }
+    let loaded = served.into_iter().map(|(partition, scope)| Loaded {
         entries: entries
             .get(&(scope.module.clone(), scope.key.clone()))
             .cloned()
             .unwrap_or_default(),
+        alarms: key_alarms
+            .get(&(partition, scope.module.clone(), scope.key.clone()))
+            .cloned()
+            .unwrap_or_default(),
         tenant_bytes: usage.get(scope.tenant()).copied().unwrap_or(0),
     });
-    Ok(plan::result(&decisions, after, loaded))
+    let alarms = decisions
+        .alarm_partitions(round)
+        .into_iter()
+        .map(|p| by_partition.get(&p).cloned().unwrap_or_default());
+    Ok(plan::result(&decisions, after, loaded, alarms))
+}
+
+/// An alarm row as read: (partition, module, key, name, at_ms).
+fn alarm_of(row: tokio_postgres::Row) -> StoredAlarm {
+    StoredAlarm {
+        id: AlarmId {
+            partition: row.get::<_, i32>(0) as u32,
+            module: row.get(1),
+            key: row.get(2),
+            name: name_of(row.get(3)),
+        },
+        at_ms: row.get::<_, i64>(4).max(0) as u64,
+    }
 }
 
 impl Backend for PostgresBackend {
@@ -630,7 +806,7 @@ impl Backend for PostgresBackend {
 
     fn round(&self, round: Round) -> BoxFuture<'_, Result<RoundResult, BackendError>> {
         Box::pin(async move {
-            if round.commits.is_empty() && round.loads.is_empty() {
+            if round.is_empty() {
                 return Ok(RoundResult::default());
             }
             match self.with(Op::Round(&round)).await? {

@@ -286,7 +286,7 @@ mod tests {
         KeyState::new(
             Loaded {
                 entries,
-                tenant_bytes: 0,
+                ..Loaded::default()
             },
             LIMITS,
         )

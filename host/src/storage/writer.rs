@@ -109,6 +109,8 @@ impl Request {
                     super::Write::DeleteRange { start, end } => {
                         start.len() + end.as_ref().map_or(0, String::len)
                     }
+                    super::Write::SetAlarm { name, .. } => name.len() + 8,
+                    super::Write::CancelAlarm { name } => name.len(),
                 })
                 .sum(),
             Request::Load(..) => 0,
