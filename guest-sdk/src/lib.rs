@@ -94,6 +94,7 @@ pub mod cache;
 pub mod codec;
 pub mod host;
 mod key;
+mod read_cache;
 pub mod storage;
 
 pub use codec::{Binary, Codec, CodecError, Json};

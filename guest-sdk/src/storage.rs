@@ -14,26 +14,62 @@
 //! storage::put_as::<fief_guest::Json, _>("count", &(count + 1))?;
 //! ```
 //!
-//! Reads after the first are served from the process's memory. This module
-//! only forwards to the `fief:key/storage` imports and encodes values; it
-//! decides nothing about durability or fencing.
+//! Reads after the first are served from the process's memory: the node
+//! holds the key's loaded state, and this module keeps a bounded cache of
+//! the values [`get`] returned (and [`put`] wrote) inside the guest, so a
+//! repeated read does not even cross into the host. The cache is coherent
+//! because this process is its key's only writer and dies with any write
+//! the store refused; [`set_read_cache_limit`] bounds or disables it.
+//! This module forwards to the `fief:key/storage` imports, keeps that
+//! cache, and encodes values; it decides nothing about durability or
+//! fencing.
+
+use std::cell::RefCell;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::__private::bindings::fief::key::storage as wit;
 use crate::codec::Codec;
+use crate::read_cache::ReadCache;
 
+pub use crate::read_cache::DEFAULT_LIMIT as DEFAULT_READ_CACHE_LIMIT;
 pub use wit::StorageError;
 
+thread_local! {
+    /// This process's cache of its stored values (a guest has one thread).
+    static CACHE: RefCell<ReadCache> = const { RefCell::new(ReadCache::new(DEFAULT_READ_CACHE_LIMIT)) };
+}
+
+fn cache<R>(f: impl FnOnce(&mut ReadCache) -> R) -> R {
+    CACHE.with(|cache| f(&mut cache.borrow_mut()))
+}
+
+/// Bound the cache of read values to `bytes` (names, values and 64 bytes
+/// per entry; [`DEFAULT_READ_CACHE_LIMIT`] until set); 0 turns it off, so
+/// every [`get`] asks the node. The cache lives in this process's linear
+/// memory and counts against its module's `max_memory`.
+pub fn set_read_cache_limit(bytes: usize) {
+    cache(|cache| cache.set_limit(bytes));
+}
+
 /// The value stored under `name`, if any.
+///
+/// The first read of a name asks the node (which serves it from the key's
+/// state, loaded once); later reads of it are served from this process's
+/// own cache, as are names it wrote.
 ///
 /// # Errors
 ///
 /// [`StorageError::Invalid`] for a refused name, [`StorageError::Unavailable`]
 /// when the state cannot be loaded or this process may no longer write it.
 pub fn get(name: &str) -> Result<Option<Vec<u8>>, StorageError> {
-    wit::get(name)
+    if let Some(known) = cache(|cache| cache.get(name)) {
+        return Ok(known);
+    }
+    let value = wit::get(name)?;
+    cache(|cache| cache.remember(name, value.as_deref()));
+    Ok(value)
 }
 
 /// Stores `value` under `name`; committed when the callback returns.
@@ -44,7 +80,12 @@ pub fn get(name: &str) -> Result<Option<Vec<u8>>, StorageError> {
 /// [`StorageError::Limit`] past the key's or tenant's bytes or the writes
 /// allowed per callback, and the errors of [`get`].
 pub fn put(name: &str, value: &[u8]) -> Result<(), StorageError> {
-    wit::put(name, value)
+    let result = wit::put(name, value);
+    cache(|cache| match result {
+        Ok(()) => cache.remember(name, Some(value)),
+        Err(_) => cache.forget(name),
+    });
+    result
 }
 
 /// Removes `name`; returns whether it was there.
@@ -53,7 +94,12 @@ pub fn put(name: &str, value: &[u8]) -> Result<(), StorageError> {
 ///
 /// As [`put`].
 pub fn delete(name: &str) -> Result<bool, StorageError> {
-    wit::delete(name)
+    let result = wit::delete(name);
+    cache(|cache| match result {
+        Ok(_) => cache.remember(name, None),
+        Err(_) => cache.forget(name),
+    });
+    result
 }
 
 /// Up to `limit` entries with names in `start..end` (`end` `None`: to the
@@ -86,7 +132,9 @@ pub fn list_prefix(prefix: &str, limit: u32) -> Result<Vec<(String, Vec<u8>)>, S
 ///
 /// As [`put`].
 pub fn delete_range(start: &str, end: Option<&str>) -> Result<u64, StorageError> {
-    wit::delete_range(start, end)
+    let result = wit::delete_range(start, end);
+    cache(|cache| cache.forget_range(start, end));
+    result
 }
 
 /// Removes every entry whose name starts with `prefix`; returns how many.
@@ -95,7 +143,7 @@ pub fn delete_range(start: &str, end: Option<&str>) -> Result<u64, StorageError>
 ///
 /// As [`put`].
 pub fn delete_prefix(prefix: &str) -> Result<u64, StorageError> {
-    wit::delete_range(prefix, prefix_end(prefix).as_deref())
+    delete_range(prefix, prefix_end(prefix).as_deref())
 }
 
 /// Reads `name` and decodes it with codec `C` (e.g. [`crate::Json`]).

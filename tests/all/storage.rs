@@ -116,6 +116,63 @@ async fn every_storage_import_works_and_reads_see_the_callbacks_own_writes() {
     node.shutdown().await;
 }
 
+/// The SDK keeps the values a process read in a cache inside the guest
+/// (`guest-sdk/src/read_cache.rs`); every write of the process must update
+/// or drop what it holds, so a read after a write sees the write, whatever
+/// was cached before it. Each read below follows a read of the same name,
+/// so it is served from the cache unless the write in between reached it.
+#[tokio::test]
+async fn the_guests_read_cache_follows_the_processs_own_writes() {
+    let options = ModuleOptions {
+        max_storage_value_size: ByteSize::kib(1),
+        ..ModuleOptions::default()
+    };
+    let node = node_on(
+        ControlledBackend::new(),
+        &[("vault", guests::VAULT, options)],
+    )
+    .await;
+    let v = |m: &'static str| call_text(&node, "vault", "k", m);
+    assert_eq!(v("get n").await, "-");
+    assert_eq!(v("put n 1").await, "ok");
+    assert_eq!(v("get n").await, "1");
+    assert_eq!(v("put n 2").await, "ok");
+    assert_eq!(v("get n").await, "2", "a put replaces the cached value");
+    assert_eq!(v("del n").await, "true");
+    assert_eq!(v("get n").await, "-", "a delete forgets the cached value");
+    for name in ["a", "b", "c"] {
+        assert_eq!(
+            call_text(&node, "vault", "k", &format!("put {name} {name}")).await,
+            "ok"
+        );
+        assert_eq!(
+            call_text(&node, "vault", "k", &format!("get {name}")).await,
+            name
+        );
+    }
+    assert_eq!(v("delrange b c").await, "1");
+    assert_eq!(v("get b").await, "-", "a range delete forgets the range");
+    assert_eq!(v("get a").await, "a");
+    assert_eq!(v("get c").await, "c");
+    // A refused write changes nothing, in the store or in the cache.
+    assert!(v("big a 1025").await.starts_with("err:invalid:"));
+    assert_eq!(v("get a").await, "a");
+    assert_eq!(v("get-import a").await, "a");
+    // A callback that traps after a write kills the process and its cache:
+    // the next process reads what the store has.
+    let err = node
+        .call("vault", "k", b"put-trap a lost".to_vec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::KeyDied(_)), "{err}");
+    assert_eq!(v("get a").await, "a");
+    // With the cache off every read asks the node; the answers are the same.
+    assert_eq!(v("cache-limit 0").await, "ok");
+    assert_eq!(v("put a 3").await, "ok");
+    assert_eq!(v("get a").await, "3");
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn each_key_sees_only_its_own_state() {
     let node = node_on(

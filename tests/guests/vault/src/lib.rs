@@ -9,6 +9,8 @@
 //! |----------------------------------------|--------------------------------------------|--------------------|
 //! | `put N V`                              | stores `V` under `N`                       | `ok`               |
 //! | `get N`                                | reads `N`                                  | the value, or `-`  |
+//! | `get-import N`                         | reads `N` through the import, not the SDK's read cache | the value, or `-`  |
+//! | `cache-limit BYTES`                    | bounds the SDK's read cache (0: off)       | `ok`               |
 //! | `del N`                                | deletes `N`                                | `true` / `false`   |
 //! | `list START END LIMIT`                 | lists (`END` may be `-`)                   | `n=v` lines        |
 //! | `delrange START END`                   | deletes a range                            | how many           |
@@ -55,6 +57,16 @@ fn run(words: &[&str]) -> Result<String, StorageError> {
             Some(value) => String::from_utf8_lossy(&value).into_owned(),
             None => "-".to_owned(),
         },
+        ["get-import", name] => {
+            match fief_guest::__private::bindings::fief::key::storage::get(name)? {
+                Some(value) => String::from_utf8_lossy(&value).into_owned(),
+                None => "-".to_owned(),
+            }
+        }
+        ["cache-limit", bytes] => {
+            storage::set_read_cache_limit(bytes.parse().unwrap_or(0));
+            "ok".to_owned()
+        }
         ["del", name] => storage::delete(name)?.to_string(),
         ["list", start, stop, limit] => {
             storage::list(start, end(stop), limit.parse().unwrap_or(0))?
