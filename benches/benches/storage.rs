@@ -24,7 +24,9 @@
 //!   the key's loaded state, in memory) beside a warm `get` on a live
 //!   `examples/counter` key (no storage at all), on the embedded node; and
 //!   the same within one guest: the `vault` test guest's `get n` (one
-//!   `storage::get`) beside its `token` (one trivial host call).
+//!   `storage::get`, which the SDK's read cache serves after the first) and
+//!   `get-import n` (the `fief:key/storage` import itself, past the cache)
+//!   beside its `token` (one trivial host call).
 //! - `storage_read_interleaved` (printed as a table at the end): the same
 //!   pairs, and `get absent` (no value to copy back), with batches of the
 //!   read and of its baseline alternating, so the VM's drift between two
@@ -63,12 +65,15 @@ const COUNTER: &str = "counter";
 const VAULT: &str = "vault";
 /// The `storage_read` rows: name, module, message (all on the key
 /// `reader`, live and loaded). Pairs: a stored counter's `get` beside the
-/// in-memory counter's `get`; the vault's `get n` (one `storage::get`)
-/// beside its `token` (one trivial host call, no storage).
-const READS: [(&str, &str, &[u8]); 4] = [
+/// in-memory counter's `get`; the vault's `get n` (one `storage::get`,
+/// served by the SDK's read cache after the first) and `get-import n` (the
+/// import itself, past the cache) beside its `token` (one trivial host
+/// call, no storage).
+const READS: [(&str, &str, &[u8]); 5] = [
     ("stored_counter_get", STORED, b"get"),
     ("counter_get", COUNTER, b"get"),
     ("vault_get", VAULT, b"get n"),
+    ("vault_get_import", VAULT, b"get-import n"),
     ("vault_token", VAULT, b"token"),
 ];
 /// Concurrent keys of the commit benches.
@@ -396,6 +401,13 @@ fn read_ratios(
         (
             "vault_get_absent / vault_token",
             (VAULT, &b"get absent"[..]),
+            (VAULT, &b"token"[..]),
+        ),
+        // The `fief:key/storage` import itself, past the SDK's read cache:
+        // what every first read of a name costs.
+        (
+            "vault_get_import / vault_token",
+            (VAULT, &b"get-import n"[..]),
             (VAULT, &b"token"[..]),
         ),
     ];
