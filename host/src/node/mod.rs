@@ -31,9 +31,12 @@
 //!   carries out: the fence and the adoption of a newer table;
 //! - `moves.rs`: graceful moves out (stop keys for handoff, send states,
 //!   transfer at the arbiter), the leader's move requests, and `leave`;
-//! - `status.rs`: the node's snapshot ([`Status`]) and its parts.
+//! - `status.rs`: the node's snapshot ([`Status`]) and its parts;
+//! - `metrics_page.rs`: what `GET /metrics` reads of the node at scrape
+//!   time (the gauges' readings; the counters are `crate::metrics`'s).
 
 mod coordination;
+mod metrics_page;
 mod moves;
 mod routing;
 mod start;
