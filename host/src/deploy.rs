@@ -155,7 +155,7 @@ async fn bounded<T>(f: crate::arbiter::ArbiterFuture<'_, T>) -> Result<T> {
                 "the arbiter did not answer within {STORE_TIMEOUT:?}"
             ))
         })?
-        .map_err(Error::module_store)
+        .map_err(Error::from)
 }
 
 impl NodeShared {
