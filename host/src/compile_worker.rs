@@ -46,9 +46,9 @@ const MAX_STDERR_BYTES: u64 = 1 << 20;
 
 /// The compilation settings of the node's engine, without its instance
 /// allocator (which does not change compiled code). `runtime.rs` builds the
-/// node's engine with these and the pool; a test checks the two agree
+/// node's engine with these and the pool; a test there checks the two agree
 /// (`worker_engine_matches_the_node_engine`).
-fn engine_config(max_memory_per_key: u64) -> Config {
+pub(crate) fn engine_config(max_memory_per_key: u64) -> Config {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
@@ -247,27 +247,6 @@ fn out_of_memory(status: &std::process::ExitStatus, reason: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::{Hash, Hasher};
-
-    fn hash_of(engine: &Engine) -> u64 {
-        let mut hasher = std::hash::DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut hasher);
-        hasher.finish()
-    }
-
-    /// An artifact of the worker loads only into an engine of the same
-    /// compilation settings: the worker's must be the node's.
-    #[test]
-    fn worker_engine_matches_the_node_engine() {
-        let config = NodeConfig {
-            max_live_keys: 4,
-            ..NodeConfig::default()
-        };
-        let runtime = crate::runtime::Runtime::new(&config).expect("the node's runtime");
-        let worker = Engine::new(&engine_config(config.max_memory_per_key.as_u64()))
-            .expect("the worker's engine");
-        assert_eq!(hash_of(&runtime.engine), hash_of(&worker));
-    }
 
     #[test]
     fn a_worker_is_configured_only_with_a_program() {
