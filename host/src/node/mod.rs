@@ -27,6 +27,8 @@
 //! - `routing.rs`: where a message goes and its delivery: route, admit an
 //!   activation, call, cast, forward to the owner, serve a peer's request;
 //!   and the node's side of the key layer's `KeyNode`;
+//! - `cache_routing.rs`: where a cache operation runs (the node's side of
+//!   the cache handle's `CacheNode`);
 //! - `coordination.rs`: the coordination loop on its own thread, and what it
 //!   carries out: the fence and the adoption of a newer table;
 //! - `moves.rs`: graceful moves out (stop keys for handoff, send states,
@@ -35,6 +37,7 @@
 //! - `metrics_page.rs`: what `GET /metrics` reads of the node at scrape
 //!   time (the gauges' readings; the counters are `crate::metrics`'s).
 
+mod cache_routing;
 mod coordination;
 mod metrics_page;
 mod moves;
@@ -311,9 +314,7 @@ impl Instance {
     /// The cluster's coherent cache, reached through this node: every
     /// operation goes to the owner of its key's partition.
     pub fn cache(&self) -> Cache {
-        Cache {
-            shared: self.shared.clone(),
-        }
+        Cache::new(self.shared.clone())
     }
 
     /// Up to `limit` (at most [`MAX_STATE_READ`](crate::storage::MAX_STATE_READ))
