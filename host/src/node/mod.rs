@@ -31,6 +31,8 @@
 //!   the cache handle's `CacheNode`);
 //! - `coordination.rs`: the coordination loop on its own thread, and what it
 //!   carries out: the fence and the adoption of a newer table;
+//! - `deploy.rs`: cluster-wide deploys through the arbiter's module store,
+//!   and the module follower every node runs;
 //! - `moves.rs`: graceful moves out (stop keys for handoff, send states,
 //!   transfer at the arbiter), the leader's move requests, and `leave`;
 //! - `status.rs`: the node's snapshot ([`Status`]) and its parts;
@@ -39,6 +41,7 @@
 
 mod cache_routing;
 mod coordination;
+mod deploy;
 mod metrics_page;
 mod moves;
 mod routing;
@@ -68,6 +71,7 @@ use crate::transport::PeerPool;
 use crate::wire::HandoffEntry;
 
 use coordination::Coordination;
+pub use deploy::ModuleListing;
 pub use moves::LeaveReport;
 pub(crate) use routing::refused;
 pub use start::InstanceBuilder;
@@ -115,7 +119,7 @@ pub(crate) struct NodeShared {
     ready: watch::Sender<bool>,
     pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
     /// Cluster-wide deploys: the module follower's bookkeeping.
-    pub(crate) deploys: crate::deploy::Deploys,
+    pub(crate) deploys: deploy::Deploys,
     fences: Mutex<u64>,
     /// Handoff states waiting for their keys' next process here: received
     /// from a previous owner, or kept after a move out failed.
