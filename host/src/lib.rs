@@ -41,6 +41,8 @@ pub mod http;
 pub mod http_limits;
 mod http_modules;
 mod key;
+#[cfg(test)]
+mod layers;
 mod limbo;
 mod listener;
 mod load_ceilings;
