@@ -9,6 +9,12 @@
 //! code". The same thread ticks the [`Scheduler`], which reclaims turns held
 //! by callbacks that stopped computing. Beside it a [`HeapTrimmer`] returns
 //! the host heap to the OS after many keys end.
+//!
+//! It sits below key processes and names one thing of theirs: `KeyCtx`, the
+//! store's data type the linker is built for (`Linker<KeyCtx>`; the imports
+//! it binds are implemented on it in `host_api.rs`, `storage_api.rs` and
+//! `key/process.rs`). It calls nothing of it and must not: what a key does is
+//! the key layer's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
