@@ -26,18 +26,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmtime::{Config, Engine};
 
 use crate::config::NodeConfig;
+pub use crate::config::compile::{DEFAULT_MEMORY_LIMIT, MIN_MEMORY_LIMIT};
 use crate::error::{Error, Result};
-
-/// Default of `compile_memory_limit`. Measured with a debug build (the
-/// worker's peak address space, `VmPeak`, and resident memory): the counter
-/// example (96 KB) 250 MiB and 35 MiB, componentize-py's counter (18 MB)
-/// 650 MiB and 410 MiB, componentize-js's (12 MB) 600 MiB and 470 MiB.
-pub const DEFAULT_MEMORY_LIMIT: ByteSize = ByteSize::gib(4);
-
-/// The least `compile_memory_limit` a worker can start in and compile a
-/// small module (its binary, thread stacks and allocator arenas are address
-/// space too: 250 MiB for the counter example).
-pub const MIN_MEMORY_LIMIT: ByteSize = ByteSize::mib(512);
 
 /// Guard pages after each linear memory: the node's engine uses the same
 /// (`runtime.rs`), and a compiled artifact is tied to it.
@@ -54,32 +44,11 @@ const MAX_REASON_BYTES: usize = 4096;
 /// `compile_timeout`).
 const MAX_STDERR_BYTES: u64 = 1 << 20;
 
-/// Check the compile worker's settings.
-///
-/// # Errors
-///
-/// [`Error::Config`] naming the value and the way out.
-pub(crate) fn validate_config(config: &NodeConfig) -> Result<()> {
-    if config.compile_memory_limit < MIN_MEMORY_LIMIT {
-        return Err(Error::Config(format!(
-            "compile_memory_limit ({}) must be at least {MIN_MEMORY_LIMIT}: a compile worker \
-             needs that much address space to start",
-            config.compile_memory_limit
-        )));
-    }
-    if config.compile_timeout.is_zero() {
-        return Err(Error::Config(
-            "compile_timeout must be above zero (e.g. 300s)".to_owned(),
-        ));
-    }
-    Ok(())
-}
-
 /// The compilation settings of the node's engine, without its instance
 /// allocator (which does not change compiled code). `runtime.rs` builds the
-/// node's engine with these and the pool; a test checks the two agree
+/// node's engine with these and the pool; a test there checks the two agree
 /// (`worker_engine_matches_the_node_engine`).
-fn engine_config(max_memory_per_key: u64) -> Config {
+pub(crate) fn engine_config(max_memory_per_key: u64) -> Config {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
@@ -278,27 +247,6 @@ fn out_of_memory(status: &std::process::ExitStatus, reason: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::{Hash, Hasher};
-
-    fn hash_of(engine: &Engine) -> u64 {
-        let mut hasher = std::hash::DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut hasher);
-        hasher.finish()
-    }
-
-    /// An artifact of the worker loads only into an engine of the same
-    /// compilation settings: the worker's must be the node's.
-    #[test]
-    fn worker_engine_matches_the_node_engine() {
-        let config = NodeConfig {
-            max_live_keys: 4,
-            ..NodeConfig::default()
-        };
-        let runtime = crate::runtime::Runtime::new(&config).expect("the node's runtime");
-        let worker = Engine::new(&engine_config(config.max_memory_per_key.as_u64()))
-            .expect("the worker's engine");
-        assert_eq!(hash_of(&runtime.engine), hash_of(&worker));
-    }
 
     #[test]
     fn a_worker_is_configured_only_with_a_program() {

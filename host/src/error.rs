@@ -4,12 +4,16 @@
 //! says what is wrong and, where there is one, what to do about it; each has
 //! a stable machine-readable [`Error::code`] and an HTTP status. Errors are
 //! per request: none of them stops the node from serving other keys.
+//!
+//! A value below every other module of the crate: it imports nothing of it.
+//! What a variant carries is a plain value ([`Refusal`], strings, numbers);
+//! a part's own error becomes an [`Error`] in that part (the arbiter's
+//! `ArbiterError` in `arbiter/`), never here.
 
+use std::fmt;
 use std::time::Duration;
 
 use fief_core::PartitionId;
-
-use crate::arbiter::ArbiterError;
 
 /// An error from a Fief instance.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -143,7 +147,7 @@ pub enum Error {
         /// The key.
         key: String,
         /// Which ledger was full, and its numbers.
-        refusal: crate::host_bytes::Refusal,
+        refusal: Refusal,
     },
     /// The tenant already has a deploy compiling on this node.
     #[error(
@@ -401,11 +405,31 @@ impl Error {
     }
 }
 
-impl Error {
-    /// The one mapping of an [`ArbiterError`] in the arbiter's role of
-    /// module store (deploy, rollback, undeploy, listings).
-    pub(crate) fn module_store(e: ArbiterError) -> Error {
-        Error::ModuleStore(e.to_string())
+/// Why a charge of host memory was refused: the ledger that was full and
+/// its numbers (the ledgers are `host_bytes.rs`'s, which re-exports this).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// `key` or `tenant "acme"`.
+    pub scope: String,
+    /// Bytes already held.
+    pub used: usize,
+    /// The limit.
+    pub limit: usize,
+    /// The bytes asked for.
+    pub asked: usize,
+    /// The option that sets the limit.
+    pub option: &'static str,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the {} already holds {} bytes of host memory (queued messages, timer tags, \
+             subscriptions, handoff states) and {} more would pass its limit of {} bytes \
+             ({}); retry once it has drained its mailbox, or raise {}",
+            self.scope, self.used, self.asked, self.limit, self.option, self.option
+        )
     }
 }
 

@@ -14,8 +14,9 @@
 //!   host memory per stream.
 //! - **A rate per key**, shared by the three: two token buckets, lines
 //!   (`max_log_lines_per_second`) and bytes (`max_log_bytes_per_second`),
-//!   each with a burst of [`LOG_BURST_SECONDS`] seconds' worth. A line over
-//!   either is dropped and counted (the `fief_guest_log_lines_dropped`
+//!   each with a burst of [`LOG_BURST_SECONDS`] seconds' worth (their
+//!   defaults and ceilings are configuration's, `config/module.rs`). A line
+//!   over either is dropped and counted (the `fief_guest_log_lines_dropped`
 //!   metric), and the next line let through, at most once per
 //!   [`DROP_NOTE_INTERVAL`], or the key's end, is preceded by a note saying
 //!   how many were dropped.
@@ -54,18 +55,6 @@ pub const MAX_LOG_LINE: usize = 8 * 1024;
 /// `init` refusal, a fence stop reason), in bytes, before the truncation
 /// mark: what a caller, the log, the event log and peers get at most.
 pub const MAX_GUEST_ERROR: usize = 4 * 1024;
-
-/// Default of `max_log_lines_per_second`.
-pub const DEFAULT_LOG_LINES_PER_SECOND: u32 = 100;
-
-/// Default of `max_log_bytes_per_second` (100 KiB).
-pub const DEFAULT_LOG_BYTES_PER_SECOND: ByteSize = ByteSize::kib(100);
-
-/// Ceiling of `max_log_lines_per_second` a module may ask for.
-pub const MAX_LOG_LINES_PER_SECOND: u32 = 10_000;
-
-/// Ceiling of `max_log_bytes_per_second` a module may ask for (10 MiB).
-pub const MAX_LOG_BYTES_PER_SECOND: ByteSize = ByteSize::mib(10);
 
 /// The log buckets' burst, in seconds of their rate.
 pub const LOG_BURST_SECONDS: u32 = 10;

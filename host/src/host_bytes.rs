@@ -24,12 +24,12 @@
 //! (it is on the message path).
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+pub use crate::error::Refusal;
 use crate::sync::lock;
 
 /// Bytes charged for each queued message on top of its payload: the queue
@@ -62,33 +62,6 @@ pub(crate) enum Scope {
     Key,
     /// A tenant (`""`: the modules of no tenant).
     Tenant(String),
-}
-
-/// Why a charge was refused: the ledger that was full and its numbers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// `key` or `tenant "acme"`.
-    pub scope: String,
-    /// Bytes already held.
-    pub used: usize,
-    /// The limit.
-    pub limit: usize,
-    /// The bytes asked for.
-    pub asked: usize,
-    /// The option that sets the limit.
-    pub option: &'static str,
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the {} already holds {} bytes of host memory (queued messages, timer tags, \
-             subscriptions, handoff states) and {} more would pass its limit of {} bytes \
-             ({}); retry once it has drained its mailbox, or raise {}",
-            self.scope, self.used, self.asked, self.limit, self.option, self.option
-        )
-    }
 }
 
 impl Ledger {

@@ -17,30 +17,25 @@
 //! with a request is the new one answered `503 too_many_connections` and
 //! closed. `fief node` raises the soft open-file limit to the hard one at
 //! start ([`raise_open_file_limit`]) and logs the limits; the connection
-//! loop itself is [`crate::listener`].
+//! loop itself is [`crate::listener`]. The timeouts' defaults and ceilings,
+//! and their check, are configuration's (`config/http.rs`), re-exported
+//! here; this file resolves what depends on the process (the cap against the
+//! open-file limit) and scans heads.
 
 use std::time::Duration;
 
 use crate::config::NodeConfig;
+pub use crate::config::http::{
+    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    MAX_BODY_READ_TIMEOUT, MAX_HEADER_READ_TIMEOUT, MAX_IDLE_TIMEOUT,
+};
 use crate::error::{Error, Result};
 
-/// Default of `http_header_read_timeout`.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default of `http_idle_timeout`.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Ceiling of `http_header_read_timeout`.
-pub const MAX_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(300);
-/// Default of `http_body_read_timeout`.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Ceiling of `http_body_read_timeout`.
-pub const MAX_BODY_READ_TIMEOUT: Duration = Duration::from_secs(300);
 /// The slowest body a client may send past `http_body_read_timeout`, in
 /// bytes per second: every byte received moves the body's deadline later
 /// by `1 / MIN_BODY_RATE` s, so a large upload at a fair rate is never
 /// cut, and a dribbling or stalled one is cut soon after the timeout.
 pub const MIN_BODY_RATE: u64 = 16 * 1024;
-/// Ceiling of `http_idle_timeout`.
-pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The most connections the automatic `http_max_connections` allows.
 pub const AUTO_MAX_CONNECTIONS: u64 = 4096;
 /// File descriptors the connection cap leaves for everything else: peer
@@ -90,7 +85,7 @@ impl HttpLimits {
     /// leaves fewer than [`RESERVED_FDS`] descriptors of the limit, or the
     /// limit is too low for any connection.
     pub fn for_open_file_limit(config: &NodeConfig, soft: Option<u64>) -> Result<Self> {
-        validate_config(config)?;
+        config.validate_http()?;
         let ceiling = soft.map(|soft| soft.saturating_sub(RESERVED_FDS));
         let max = match (config.http_max_connections, soft, ceiling) {
             (Some(n), Some(soft), Some(ceiling)) if u64::from(n) > ceiling => {
@@ -124,43 +119,6 @@ impl HttpLimits {
             open_file_limit: soft,
         })
     }
-}
-
-/// The checks of the HTTP options that do not depend on the process's
-/// limits (part of [`NodeConfig::validate`]).
-pub(crate) fn validate_config(config: &NodeConfig) -> Result<()> {
-    let bad = |m: String| Err(Error::Config(m));
-    for (name, value, ceiling) in [
-        (
-            "http_header_read_timeout",
-            config.http_header_read_timeout,
-            MAX_HEADER_READ_TIMEOUT,
-        ),
-        (
-            "http_idle_timeout",
-            config.http_idle_timeout,
-            MAX_IDLE_TIMEOUT,
-        ),
-        (
-            "http_body_read_timeout",
-            config.http_body_read_timeout,
-            MAX_BODY_READ_TIMEOUT,
-        ),
-    ] {
-        if value.is_zero() || value > ceiling {
-            return bad(format!(
-                "{name} ({value:?}) must be above zero and at most {ceiling:?}: a connection that holds \
-                 the node longer is an attack or a broken client"
-            ));
-        }
-    }
-    if config.http_max_connections == Some(0) {
-        return bad(
-            "http_max_connections (0) must be at least 1; leave it out for the automatic cap"
-                .to_owned(),
-        );
-    }
-    Ok(())
 }
 
 /// This process's open-file limit; `None` is unlimited.

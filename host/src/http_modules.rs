@@ -25,10 +25,10 @@ use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::auth::Identity;
-use crate::deploy::ModuleListing;
 use crate::error::Error;
 use crate::module::{MAX_MODULE_BYTES, check_header};
 use crate::node::Instance;
+use crate::node::ModuleListing;
 
 fn too_large(size: impl std::fmt::Display) -> Error {
     Error::InvalidModule(format!(

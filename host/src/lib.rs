@@ -26,7 +26,6 @@ pub mod config;
 mod cpu_budget;
 mod dashboard;
 mod dedicated;
-mod deploy;
 mod error;
 pub mod event_log;
 // Public only for the cargo-fuzz targets (fuzz/fuzz_targets/), a workspace
@@ -42,6 +41,8 @@ pub mod http;
 pub mod http_limits;
 mod http_modules;
 mod key;
+#[cfg(test)]
+mod layers;
 mod limbo;
 mod listener;
 mod load_ceilings;
@@ -67,7 +68,6 @@ pub use clock::{NodeClock, SteppedClock, TokioClock};
 pub use config::{CpuCores, DirGrant, ModuleCeilings, ModuleOptions, NodeConfig};
 pub use cpu_budget::TenantCpuReport;
 pub use dashboard::{ClusterView, ModuleView};
-pub use deploy::ModuleListing;
 pub use error::{Error, Result};
 pub use fief_core as core;
 pub use handoff::LostState;
@@ -75,6 +75,7 @@ pub use host_bytes::{Refusal, TenantHostBytes};
 pub use key::{KeyLife, KeyLifeEvent, KeyLifeObserver, LiveKey};
 pub use limbo::LimboEntry;
 pub use node::{
-    Instance, InstanceBuilder, LeaseState, LeaveReport, ModuleInfo, NodeStatus, Status,
+    Instance, InstanceBuilder, LeaseState, LeaveReport, ModuleInfo, ModuleListing, NodeStatus,
+    Status,
 };
 pub use sandbox::TenantLimits;

@@ -1,16 +1,22 @@
-//! The node's Prometheus metrics, served at `GET /metrics`.
+//! The node's Prometheus metrics: the counters and histograms every layer
+//! moves, and their OpenMetrics text.
 //!
 //! Two kinds of figure. *Counters and histograms* are kept by [`Metrics`]
-//! (one per node, so several embedded [`Instance`](crate::Instance)s in one
-//! process never mix their figures) and moved by small hooks where things
-//! happen: a fence (`NodeShared::fence`), a key process starting or ending
-//! (the key task), a call finishing, a module compiling. *Gauges* are not
-//! kept at all: [`render`] reads them from the node's state at scrape time
-//! (lease time left, partitions owned, epoch, term, live keys and mailbox
-//! depth per module, limbo, the cache's figures), so they can never drift
-//! from what `GET /v1/status` says. Lease renewals are counted by the lease
-//! bookkeeping itself ([`fief_core::Lease::renewal_counts`]); a fence folds
-//! the counts of the lease it gives up into [`Metrics`].
+//! (one per node, so several embedded instances in one process never mix
+//! their figures) and moved by small hooks where things happen: a fence
+//! (`NodeShared::fence`), a key process starting or ending (the key task), a
+//! call finishing, a module compiling, a key's CPU meter, an API connection.
+//! *Gauges* are not kept at all: [`Metrics::render`] sets them from the
+//! [`Readings`] the node takes of its state at scrape time (lease time left,
+//! partitions owned, epoch, term, live keys and mailbox depth per module,
+//! limbo, the cache's figures; `node/metrics_page.rs`), so they can never
+//! drift from what `GET /v1/status` says. Lease renewals are counted by the
+//! lease bookkeeping itself ([`fief_core::Lease::renewal_counts`]); a fence
+//! folds the counts of the lease it gives up into [`Metrics`].
+//!
+//! This file sits below the node and below key processes, beside the meters
+//! and ledgers that move it: it must not read the node (its readings come in
+//! as plain values) nor import anything above the ledgers' row.
 //!
 //! The text is OpenMetrics (`prometheus-client`), which Prometheus scrapes
 //! natively. Every name starts with `fief_`; `docs/operations.md` lists them
@@ -28,10 +34,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::node::{LeaseState, Status};
+use crate::cache::CacheStats;
+use crate::host_bytes::TenantHostBytes;
 use crate::sync::lock;
 
-/// The content type of [`render`]'s text.
+/// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// One label.
@@ -109,7 +116,7 @@ pub(crate) struct Metrics {
     call_series: std::sync::RwLock<std::collections::HashMap<String, Arc<CallSeries>>>,
 }
 
-/// Gauges, set from the node's state by [`render`].
+/// Gauges, set from the node's [`Readings`] by [`Metrics::render`].
 #[derive(Default)]
 struct Gauges {
     lease_remaining: Gauge<f64, AtomicU64>,
@@ -611,122 +618,134 @@ pub(crate) fn kill_cause(killed_for: Option<&str>, died_of: Option<&str>) -> &'s
     }
 }
 
-impl crate::Instance {
-    /// The node's metrics as OpenMetrics text (what `GET /metrics` serves):
-    /// counters and histograms as they stand, gauges read from the node now.
-    pub async fn metrics_text(&self) -> String {
-        let shared = self.shared();
-        let status = self.status();
-        let extra = Extra {
-            mailbox_depth: shared
-                .slots()
-                .iter()
-                .map(|slot| (slot.name.to_string(), slot.queued()))
-                .collect(),
-            limbo: self.limbo().await.len(),
-            renewals: shared.renewal_counts(),
-            lease_ttl: shared.config.lease_ttl,
-        };
-        render(&shared.metrics, &status, &extra)
-    }
-}
+/// The lease states `fief_lease_state` has a series for (1 for the
+/// lease's, 0 for the others).
+pub(crate) const LEASE_STATES: [&str; 3] = ["pending", "current", "fenced"];
 
-/// What [`render`] needs besides the node's [`Status`].
-pub(crate) struct Extra {
+/// What the gauges read at a scrape: the node's state now, as plain values.
+/// The node takes them (`node/metrics_page.rs`); this file never reads the
+/// node.
+pub(crate) struct Readings {
+    /// Time left before the fence point, in milliseconds (0 unless the lease
+    /// is current).
+    pub(crate) lease_remaining_ms: u128,
+    /// The configured lease TTL.
+    pub(crate) lease_ttl: Duration,
+    /// The lease's state, one of [`LEASE_STATES`].
+    pub(crate) lease_state: &'static str,
+    /// Partitions in the namespace.
+    pub(crate) partitions: u32,
+    /// Partitions this node owns.
+    pub(crate) partitions_owned: usize,
+    /// The epoch of the table this node knows.
+    pub(crate) epoch: u64,
+    /// The leader's term, if this node leads.
+    pub(crate) leader_term: Option<u64>,
+    /// Live nodes of the namespace, as this node last heard.
+    pub(crate) nodes: usize,
+    /// Live keys per module.
+    pub(crate) live_keys: Vec<(String, usize)>,
     /// Queued messages per module.
     pub(crate) mailbox_depth: Vec<(String, usize)>,
     /// Survivors in limbo.
     pub(crate) limbo: usize,
+    /// The cache store's counters.
+    pub(crate) cache: CacheStats,
+    /// Host memory held for each tenant's keys, with its budget.
+    pub(crate) host_bytes: Vec<TenantHostBytes>,
     /// The current lease's renewal counts.
     pub(crate) renewals: RenewalCounts,
-    /// The configured lease TTL.
-    pub(crate) lease_ttl: Duration,
 }
 
-/// The metrics text: gauges set from `status` and `extra`, then every
-/// series encoded.
-pub(crate) fn render(metrics: &Metrics, status: &Status, extra: &Extra) -> String {
-    let g = &metrics.gauges;
-    g.lease_remaining
-        .set(status.lease_remaining_ms as f64 / 1000.0);
-    g.lease_ttl.set(extra.lease_ttl.as_secs_f64());
-    for (name, state) in [
-        ("pending", LeaseState::Pending),
-        ("current", LeaseState::Current),
-        ("fenced", LeaseState::Fenced),
-    ] {
-        g.lease_state
-            .get_or_create(&[("state", name.to_owned())])
-            .set(i64::from(status.lease == state));
+impl Metrics {
+    /// The metrics text: gauges set from `readings`, then every series
+    /// encoded.
+    pub(crate) fn render(&self, readings: Readings) -> String {
+        debug_assert!(
+            LEASE_STATES.contains(&readings.lease_state),
+            "an unknown lease state {:?}",
+            readings.lease_state
+        );
+        let g = &self.gauges;
+        g.lease_remaining
+            .set(readings.lease_remaining_ms as f64 / 1000.0);
+        g.lease_ttl.set(readings.lease_ttl.as_secs_f64());
+        for name in LEASE_STATES {
+            g.lease_state
+                .get_or_create(&[("state", name.to_owned())])
+                .set(i64::from(readings.lease_state == name));
+        }
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        g.partitions.set(i64::from(readings.partitions));
+        g.partitions_owned
+            .set(int(readings.partitions_owned as u64));
+        g.epoch.set(int(readings.epoch));
+        g.leader_term.set(int(readings.leader_term.unwrap_or(0)));
+        g.leader.set(i64::from(readings.leader_term.is_some()));
+        g.nodes.set(int(readings.nodes as u64));
+        // Modules come and go (an undeploy): rebuild the per-module gauges.
+        g.live_keys.clear();
+        for (module, live) in &readings.live_keys {
+            g.live_keys
+                .get_or_create(&[("module", module.clone())])
+                .set(int(*live as u64));
+        }
+        g.mailbox_depth.clear();
+        for (module, depth) in &readings.mailbox_depth {
+            g.mailbox_depth
+                .get_or_create(&[("module", module.clone())])
+                .set(int(*depth as u64));
+        }
+        g.limbo.set(int(readings.limbo as u64));
+        g.cache_entries.set(int(readings.cache.entries));
+        g.cache_bytes.set(int(readings.cache.bytes));
+        for tenant in &readings.host_bytes {
+            let label = [("tenant", tenant.tenant.clone())];
+            g.host_bytes
+                .get_or_create(&label)
+                .set(int(tenant.bytes as u64));
+            g.host_bytes_limit
+                .get_or_create(&label)
+                .set(int(tenant.limit as u64));
+            g.host_bytes_refused
+                .get_or_create(&label)
+                .inner()
+                .store(tenant.refused, Ordering::Relaxed);
+        }
+        let set_counter =
+            |family: &Family<Labels1, Counter>, label: &'static str, v: &str, n: u64| {
+                family
+                    .get_or_create(&[(label, v.to_owned())])
+                    .inner()
+                    .store(n, Ordering::Relaxed);
+            };
+        let cache = &readings.cache;
+        for (event, n) in [
+            ("hit", cache.hits),
+            ("miss", cache.misses),
+            ("eviction", cache.evictions),
+            ("expiration", cache.expirations),
+            ("ownership_drop", cache.ownership_drops),
+        ] {
+            set_counter(&self.cache, "event", event, n);
+        }
+        let past = *lock(&self.renewals_past);
+        set_counter(
+            &self.renewals,
+            "outcome",
+            "ok",
+            past.ok + readings.renewals.ok,
+        );
+        set_counter(
+            &self.renewals,
+            "outcome",
+            "failed",
+            past.failed + readings.renewals.failed,
+        );
+        let mut text = String::new();
+        encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
     }
-    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    g.partitions.set(i64::from(status.partitions));
-    g.partitions_owned.set(int(status.partitions_owned as u64));
-    g.epoch.set(int(status.epoch));
-    g.leader_term.set(int(status.leader_term.unwrap_or(0)));
-    g.leader.set(i64::from(status.leader_term.is_some()));
-    g.nodes.set(int(status.nodes.len() as u64));
-    // Modules come and go (an undeploy): rebuild the per-module gauges.
-    g.live_keys.clear();
-    for module in &status.modules {
-        g.live_keys
-            .get_or_create(&[("module", module.name.clone())])
-            .set(int(module.live_keys as u64));
-    }
-    g.mailbox_depth.clear();
-    for (module, depth) in &extra.mailbox_depth {
-        g.mailbox_depth
-            .get_or_create(&[("module", module.clone())])
-            .set(int(*depth as u64));
-    }
-    g.limbo.set(int(extra.limbo as u64));
-    g.cache_entries.set(int(status.cache.entries));
-    g.cache_bytes.set(int(status.cache.bytes));
-    for tenant in &status.host_bytes {
-        let label = [("tenant", tenant.tenant.clone())];
-        g.host_bytes
-            .get_or_create(&label)
-            .set(int(tenant.bytes as u64));
-        g.host_bytes_limit
-            .get_or_create(&label)
-            .set(int(tenant.limit as u64));
-        g.host_bytes_refused
-            .get_or_create(&label)
-            .inner()
-            .store(tenant.refused, Ordering::Relaxed);
-    }
-    let set_counter = |family: &Family<Labels1, Counter>, label: &'static str, v: &str, n: u64| {
-        family
-            .get_or_create(&[(label, v.to_owned())])
-            .inner()
-            .store(n, Ordering::Relaxed);
-    };
-    let cache = &status.cache;
-    for (event, n) in [
-        ("hit", cache.hits),
-        ("miss", cache.misses),
-        ("eviction", cache.evictions),
-        ("expiration", cache.expirations),
-        ("ownership_drop", cache.ownership_drops),
-    ] {
-        set_counter(&metrics.cache, "event", event, n);
-    }
-    let past = *lock(&metrics.renewals_past);
-    set_counter(
-        &metrics.renewals,
-        "outcome",
-        "ok",
-        past.ok + extra.renewals.ok,
-    );
-    set_counter(
-        &metrics.renewals,
-        "outcome",
-        "failed",
-        past.failed + extra.renewals.failed,
-    );
-    let mut text = String::new();
-    encode(&mut text, &metrics.registry).expect("writing to a String cannot fail");
-    text
 }
 
 #[cfg(test)]

@@ -11,6 +11,11 @@
 //! [compile cache](crate::compile_cache) when it has one, and happens either
 //! on a thread of the node ([`compile`]) or in a compile worker process
 //! ([`crate::compile_worker`]; [`check`] before it, [`finish`] after).
+//!
+//! It sits below key processes and names one thing of theirs: `KeyCtx`, the
+//! store's data type a module's `InstancePre` is built for
+//! (`KeyModulePre<KeyCtx>`, from the runtime's linker). It calls nothing of
+//! it and must not run guest code: instantiating a key is the key layer's.
 
 use std::time::{Duration, SystemTime};
 

@@ -9,6 +9,12 @@
 //! code". The same thread ticks the [`Scheduler`], which reclaims turns held
 //! by callbacks that stopped computing. Beside it a [`HeapTrimmer`] returns
 //! the host heap to the OS after many keys end.
+//!
+//! It sits below key processes and names one thing of theirs: `KeyCtx`, the
+//! store's data type the linker is built for (`Linker<KeyCtx>`; the imports
+//! it binds are implemented on it in `host_api.rs`, `storage_api.rs` and
+//! `key/process.rs`). It calls nothing of it and must not: what a key does is
+//! the key layer's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -210,6 +216,8 @@ impl Drop for EpochTicker {
 
 #[cfg(test)]
 mod tests {
+    use std::hash::{Hash, Hasher};
+
     use super::*;
     use crate::config::ByteSize;
 
@@ -235,5 +243,27 @@ mod tests {
         };
         assert!(why.contains("max_memory_per_key"), "{why}");
         assert!(why.contains("at most"), "{why}");
+    }
+
+    fn hash_of(engine: &Engine) -> u64 {
+        let mut hasher = std::hash::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// An artifact of the worker loads only into an engine of the same
+    /// compilation settings: the worker's must be the node's.
+    #[test]
+    fn worker_engine_matches_the_node_engine() {
+        let config = NodeConfig {
+            max_live_keys: 4,
+            ..NodeConfig::default()
+        };
+        let runtime = Runtime::new(&config).expect("the node's runtime");
+        let worker = Engine::new(&crate::compile_worker::engine_config(
+            config.max_memory_per_key.as_u64(),
+        ))
+        .expect("the worker's engine");
+        assert_eq!(hash_of(&runtime.engine), hash_of(&worker));
     }
 }

@@ -77,7 +77,7 @@ pub struct TenantLimits {
     /// with the most permission allowed beneath it. Empty: none.
     pub allowed_dirs: Vec<DirGrant>,
     /// Cap on `cpu_budget` (a share of one core per key).
-    pub cpu_budget: Option<crate::cpu_budget::CpuShare>,
+    pub cpu_budget: Option<crate::config::CpuShare>,
 }
 
 impl TenantLimits {

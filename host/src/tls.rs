@@ -14,8 +14,10 @@
 //!
 //! Certificates and keys are PEM files; the key may be PKCS#8, PKCS#1 or
 //! SEC1. Every load error names the file and what is wrong with it.
+//! [`PeerTls`], which files a node is configured with, is a configuration
+//! value (`crate::config`), re-exported here; this file loads them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
@@ -23,24 +25,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use serde::{Deserialize, Serialize};
 
+pub use crate::config::PeerTls;
 use crate::error::{Error, Result};
-
-/// TLS for peer links: this node's certificate and key, and the CA that
-/// signed every node's certificate (a node's certificate must name the
-/// host or IP address its peers dial, as in `peer_advertise`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct PeerTls {
-    /// This node's certificate chain (PEM).
-    pub cert: PathBuf,
-    /// Its private key (PEM).
-    pub key: PathBuf,
-    /// The cluster's CA certificate(s) (PEM): peers are trusted when it
-    /// signed theirs.
-    pub ca: PathBuf,
-}
 
 /// The crypto provider every TLS configuration here uses (`ring`).
 pub fn provider() -> Arc<CryptoProvider> {

@@ -72,7 +72,7 @@ pub(crate) enum PeerRequest {
     /// the postcard-encoded outcome.
     Cache(CacheOp),
     /// Which module versions the receiver has loaded; the response carries
-    /// them postcard-encoded (see `deploy.rs`).
+    /// them postcard-encoded (see `node/deploy.rs`).
     LoadedModules,
 }
 

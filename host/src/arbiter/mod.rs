@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use fief_core::{NodeId, OwnershipTable, PartitionId};
 
+use crate::error::Error;
+
 /// The bytes of a stored component (cheap to clone).
 pub use bytes::Bytes;
 pub use local::LocalArbiter;
@@ -49,6 +51,20 @@ pub enum ArbiterError {
     /// The arbiter refused the request.
     #[error("the arbiter refused: {0}")]
     Refused(String),
+}
+
+/// The one mapping of an [`ArbiterError`] to the public [`Error`]: the
+/// module store's. The arbiter calls whose errors reach a caller are all the
+/// module store's (deploy, rollback, undeploy, listings): the coordination
+/// loop's become answers to the membership, a leave's failure reaches its
+/// caller through the membership's outcome, and a start's failed connect is
+/// a configuration error with its context. So an arbiter error a caller sees
+/// is [`Error::ModuleStore`] (`module_store_unavailable`, 503): nothing was
+/// changed, retry when the arbiter is reachable.
+impl From<ArbiterError> for Error {
+    fn from(e: ArbiterError) -> Error {
+        Error::ModuleStore(e.to_string())
+    }
 }
 
 /// The arbiter's three contracts. Every call is scoped to a namespace.

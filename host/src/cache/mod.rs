@@ -28,19 +28,22 @@
 //! bound, and only its tenant's (its namespaces are `tenant/…`) past the
 //! tenant's, and is refused when the room it needs is held by others. Entries may carry a
 //! time-to-live judged on the node's clock.
+//!
+//! This module is the cache's public handle ([`Cache`]), its names and
+//! values, and the owner's store; it sits below the node and must not route.
+//! The handle reaches its node only through `CacheNode`; the routing
+//! itself (forward to the owner, the owner's re-check, the node's store) is
+//! the node's, `node/cache_routing.rs`.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fief_core::Route;
 use serde::Serialize;
 
-use crate::config::validate_key;
 use crate::error::{Error, Result};
-use crate::node::{NodeShared, refused};
-use crate::sync::lock;
 pub use crate::wire::{CacheEntry, Expect};
-use crate::wire::{CacheOp, CacheOutcome, PeerRequest};
+use crate::wire::{CacheOp, CacheOutcome};
 
 mod store;
 pub(crate) use store::CacheStore;
@@ -127,10 +130,37 @@ pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
 /// ```
 #[derive(Clone)]
 pub struct Cache {
-    pub(crate) shared: Arc<NodeShared>,
+    node: Arc<dyn CacheNode>,
+}
+
+/// A future a [`CacheNode`] operation answers with.
+pub(crate) type CacheFuture = Pin<Box<dyn Future<Output = Result<CacheOutcome>> + Send>>;
+
+/// What a [`Cache`] handle needs of its node: the routing of an operation to
+/// the key's owner, the node's size limit, and its store's counters.
+/// `NodeShared` implements it (`node/cache_routing.rs`); the handle holds it
+/// as a trait object, so this module does not depend on the node.
+pub(crate) trait CacheNode: Send + Sync {
+    /// Run `op` on the owner of its key: here, or forwarded.
+    fn run(self: Arc<Self>, op: CacheOp) -> CacheFuture;
+
+    /// Refuse a value over the node's `max_message_size`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MessageTooLarge`] with the sizes.
+    fn check_value(&self, value: &[u8]) -> Result<()>;
+
+    /// This node's cache counters (the entries it holds as owner).
+    fn stats(&self) -> CacheStats;
 }
 
 impl Cache {
+    /// A handle on the cache through `node`.
+    pub(crate) fn new(node: Arc<dyn CacheNode>) -> Cache {
+        Cache { node }
+    }
+
     /// Read an entry. `Ok(None)` when there is none (never put, deleted,
     /// expired, evicted, or dropped at an ownership change).
     ///
@@ -143,7 +173,7 @@ impl Cache {
             namespace: namespace.to_owned(),
             key: key.to_owned(),
         };
-        match self.shared.cache_op(op).await? {
+        match self.node.clone().run(op).await? {
             CacheOutcome::Found(entry) => Ok(entry),
             other => Err(unexpected_outcome(&other)),
         }
@@ -163,7 +193,7 @@ impl Cache {
         value: Vec<u8>,
         options: PutOptions,
     ) -> Result<u64> {
-        self.shared.check_message(&value)?;
+        self.node.check_value(&value)?;
         let op = CacheOp::Put {
             namespace: namespace.to_owned(),
             key: key.to_owned(),
@@ -173,7 +203,7 @@ impl Cache {
                 .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)),
             expect: options.expect,
         };
-        match self.shared.cache_op(op).await? {
+        match self.node.clone().run(op).await? {
             CacheOutcome::Written { version } => Ok(version),
             CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
             other => Err(unexpected_outcome(&other)),
@@ -192,7 +222,7 @@ impl Cache {
             key: key.to_owned(),
             expect,
         };
-        match self.shared.cache_op(op).await? {
+        match self.node.clone().run(op).await? {
             CacheOutcome::Deleted(existed) => Ok(existed),
             CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
             other => Err(unexpected_outcome(&other)),
@@ -201,7 +231,7 @@ impl Cache {
 
     /// This node's cache counters (the entries it holds as owner).
     pub fn stats(&self) -> CacheStats {
-        self.shared.cache_stats()
+        self.node.stats()
     }
 }
 
@@ -209,41 +239,6 @@ pub(crate) fn unexpected_outcome(outcome: &CacheOutcome) -> Error {
     Error::Internal(format!(
         "the owner answered a cache operation with {outcome:?}"
     ))
-}
-
-impl NodeShared {
-    /// Run a cache operation on the owner of its key: here, or forwarded.
-    pub(crate) async fn cache_op(self: &Arc<Self>, op: CacheOp) -> Result<CacheOutcome> {
-        let (CacheOp::Get { namespace, key }
-        | CacheOp::Put { namespace, key, .. }
-        | CacheOp::Delete { namespace, key, .. }) = &op;
-        validate_namespace(namespace)?;
-        validate_key(key)?;
-        let request = || PeerRequest::Cache(op.clone());
-        match self.forward(key, request, self.config.call_timeout).await {
-            Some(reply) => CacheOutcome::decode(&reply?),
-            None => self.cache_local(op),
-        }
-    }
-
-    /// Apply a cache operation here, only if this node owns the key's
-    /// partition now (the owner's re-check); never forwards.
-    pub(crate) fn cache_local(&self, op: CacheOp) -> Result<CacheOutcome> {
-        match self.route(op.key()) {
-            Route::Local { partition, token } => {
-                let now = self.clock.now();
-                lock(&self.cache).apply(op, partition, token, now)
-            }
-            Route::Forward { owner, .. } => Err(Error::NotOwner {
-                owner: owner.to_string(),
-            }),
-            Route::Refuse(refusal) => Err(refused(refusal)),
-        }
-    }
-
-    pub(crate) fn cache_stats(&self) -> CacheStats {
-        lock(&self.cache).stats()
-    }
 }
 
 #[cfg(test)]

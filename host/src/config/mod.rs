@@ -10,7 +10,10 @@
 //! named limit here. This module must not read files or the environment
 //! (the CLI does) nor apply a configuration (the node does).
 
+pub(crate) mod compile;
+mod cpu;
 mod dir;
+pub(crate) mod http;
 mod module;
 mod names;
 
@@ -29,8 +32,8 @@ use serde::{Deserialize, Serialize};
 /// Byte sizes in options and config (`64MiB`).
 pub use bytesize::ByteSize;
 
-pub use crate::cpu_budget::{CpuCores, CpuShare};
 use crate::error::{Error, Result};
+pub use cpu::{CpuCores, CpuShare};
 pub use dir::DirGrant;
 pub use module::{ModuleCeilings, ModuleOptions};
 pub use names::{validate_key, validate_module_name, validate_qualified_module_name};
@@ -134,8 +137,8 @@ pub struct NodeConfig {
     /// same; `None`: peer links are not authenticated.
     pub cluster_secret_file: Option<PathBuf>,
     /// TLS for peer links (certificate, key, and the CA that signed every
-    /// node's certificate); `None`: plain TCP. See [`crate::tls::PeerTls`].
-    pub peer_tls: Option<crate::tls::PeerTls>,
+    /// node's certificate); `None`: plain TCP. See [`PeerTls`].
+    pub peer_tls: Option<PeerTls>,
     /// Ceilings over every module's options, for every deploy (an open
     /// node's, the admin's and a tenant's); tenant caps only lower them.
     pub module_ceilings: ModuleCeilings,
@@ -198,6 +201,21 @@ pub struct NodeConfig {
     pub max_storage_bytes_per_tenant: ByteSize,
 }
 
+/// TLS for peer links: this node's certificate and key, and the CA that
+/// signed every node's certificate (a node's certificate must name the
+/// host or IP address its peers dial, as in `peer_advertise`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerTls {
+    /// This node's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The cluster's CA certificate(s) (PEM): peers are trusted when it
+    /// signed theirs.
+    pub ca: PathBuf,
+}
+
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
@@ -220,7 +238,7 @@ impl Default for NodeConfig {
             call_timeout: Duration::from_secs(5),
             compile_timeout: Duration::from_secs(300),
             compile_worker: None,
-            compile_memory_limit: crate::compile_worker::DEFAULT_MEMORY_LIMIT,
+            compile_memory_limit: compile::DEFAULT_MEMORY_LIMIT,
             compile_cache: None,
             cache_max_bytes: ByteSize::mib(64),
             cache_max_bytes_per_tenant: ByteSize::mib(16),
@@ -229,9 +247,9 @@ impl Default for NodeConfig {
             cluster_secret_file: None,
             peer_tls: None,
             module_ceilings: ModuleCeilings::default(),
-            http_header_read_timeout: crate::http_limits::DEFAULT_HEADER_READ_TIMEOUT,
-            http_idle_timeout: crate::http_limits::DEFAULT_IDLE_TIMEOUT,
-            http_body_read_timeout: crate::http_limits::DEFAULT_BODY_READ_TIMEOUT,
+            http_header_read_timeout: http::DEFAULT_HEADER_READ_TIMEOUT,
+            http_idle_timeout: http::DEFAULT_IDLE_TIMEOUT,
+            http_body_read_timeout: http::DEFAULT_BODY_READ_TIMEOUT,
             http_max_connections: None,
             guest_threads: 0,
             guest_thread_nice: 10,
@@ -396,8 +414,8 @@ impl NodeConfig {
                 c.cpu_limit, self.epoch_tick
             ));
         }
-        crate::http_limits::validate_config(self)?;
-        crate::compile_worker::validate_config(self)?;
+        self.validate_http()?;
+        self.validate_compile()?;
         // The default module options must fit this node, or nothing deploys.
         ModuleOptions::default()
             .validate_for(self, &timing)

@@ -1,8 +1,10 @@
 //! A module's options ([`ModuleOptions`]: fence mode and resource limits,
 //! sent with a deploy) and the node's ceilings over them
 //! ([`ModuleCeilings`]), with the checks that refuse an option past its
-//! ceiling or one that cannot work on this node. It must not know how a
-//! module runs (that is `sandbox`, `key` and `runtime`).
+//! ceiling or one that cannot work on this node, and the defaults and
+//! ceilings of the options whose machinery lives elsewhere (the guest log's
+//! rates: `crate::guest_log` keeps them). It must not know how a module runs
+//! (that is `sandbox`, `key` and `runtime`).
 
 use std::time::Duration;
 
@@ -12,7 +14,18 @@ use serde::{Deserialize, Serialize};
 
 use super::{ByteSize, CpuShare, NodeConfig};
 use crate::error::{Error, Result};
-use crate::guest_log::{MAX_LOG_BYTES_PER_SECOND, MAX_LOG_LINES_PER_SECOND};
+
+/// Default of `max_log_lines_per_second`.
+const DEFAULT_LOG_LINES_PER_SECOND: u32 = 100;
+
+/// Default of `max_log_bytes_per_second` (100 KiB).
+const DEFAULT_LOG_BYTES_PER_SECOND: ByteSize = ByteSize::kib(100);
+
+/// Ceiling of `max_log_lines_per_second` a module may ask for.
+const MAX_LOG_LINES_PER_SECOND: u32 = 10_000;
+
+/// Ceiling of `max_log_bytes_per_second` a module may ask for (10 MiB).
+const MAX_LOG_BYTES_PER_SECOND: ByteSize = ByteSize::mib(10);
 
 /// The node's ceilings over module options: a deploy asking for more is
 /// refused, naming the option, its value and the ceiling. Options not listed
@@ -271,8 +284,8 @@ impl Default for ModuleOptions {
             max_handoff_size: None,
             max_publishes_per_second: 1000,
             max_host_bytes_per_key: ByteSize::mib(32),
-            max_log_lines_per_second: crate::guest_log::DEFAULT_LOG_LINES_PER_SECOND,
-            max_log_bytes_per_second: crate::guest_log::DEFAULT_LOG_BYTES_PER_SECOND,
+            max_log_lines_per_second: DEFAULT_LOG_LINES_PER_SECOND,
+            max_log_bytes_per_second: DEFAULT_LOG_BYTES_PER_SECOND,
             dir: None,
             cpu_budget: CpuShare::WHOLE_CORE,
             cpu_budget_window: Duration::from_secs(1),

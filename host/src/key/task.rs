@@ -69,7 +69,7 @@ pub(super) async fn run_key(
         services
             .tenant_cpu
             .of(tenant, || services.metrics.tenant_cpu_counters(tenant)),
-        module.options.cpu_budget < crate::cpu_budget::CpuShare::WHOLE_CORE,
+        module.options.cpu_budget < crate::config::CpuShare::WHOLE_CORE,
     ));
     let (scheduler, seat) = (
         services.runtime.scheduler.clone(),

@@ -312,7 +312,7 @@ pub(super) async fn supervise(shared: Arc<NodeShared>, main: Handle) {
     }
     let _ = shared.coordination_rt.set(Handle::current());
     // The module follower loads and compiles modules: the node's runtime.
-    let follower = main.spawn(crate::deploy::follow_modules(shared.clone()));
+    let follower = main.spawn(super::deploy::follow_modules(shared.clone()));
     let _follower_guard = AbortOnDrop(follower.abort_handle());
     loop {
         // A task of the coordination thread's runtime, so that its panic is

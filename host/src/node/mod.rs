@@ -27,13 +27,22 @@
 //! - `routing.rs`: where a message goes and its delivery: route, admit an
 //!   activation, call, cast, forward to the owner, serve a peer's request;
 //!   and the node's side of the key layer's `KeyNode`;
+//! - `cache_routing.rs`: where a cache operation runs (the node's side of
+//!   the cache handle's `CacheNode`);
 //! - `coordination.rs`: the coordination loop on its own thread, and what it
 //!   carries out: the fence and the adoption of a newer table;
+//! - `deploy.rs`: cluster-wide deploys through the arbiter's module store,
+//!   and the module follower every node runs;
 //! - `moves.rs`: graceful moves out (stop keys for handoff, send states,
 //!   transfer at the arbiter), the leader's move requests, and `leave`;
-//! - `status.rs`: the node's snapshot ([`Status`]) and its parts.
+//! - `status.rs`: the node's snapshot ([`Status`]) and its parts;
+//! - `metrics_page.rs`: what `GET /metrics` reads of the node at scrape
+//!   time (the gauges' readings; the counters are `crate::metrics`'s).
 
+mod cache_routing;
 mod coordination;
+mod deploy;
+mod metrics_page;
 mod moves;
 mod routing;
 mod start;
@@ -62,6 +71,7 @@ use crate::transport::PeerPool;
 use crate::wire::HandoffEntry;
 
 use coordination::Coordination;
+pub use deploy::ModuleListing;
 pub use moves::LeaveReport;
 pub(crate) use routing::refused;
 pub use start::InstanceBuilder;
@@ -109,7 +119,7 @@ pub(crate) struct NodeShared {
     ready: watch::Sender<bool>,
     pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
     /// Cluster-wide deploys: the module follower's bookkeeping.
-    pub(crate) deploys: crate::deploy::Deploys,
+    pub(crate) deploys: deploy::Deploys,
     fences: Mutex<u64>,
     /// Handoff states waiting for their keys' next process here: received
     /// from a previous owner, or kept after a move out failed.
@@ -308,9 +318,7 @@ impl Instance {
     /// The cluster's coherent cache, reached through this node: every
     /// operation goes to the owner of its key's partition.
     pub fn cache(&self) -> Cache {
-        Cache {
-            shared: self.shared.clone(),
-        }
+        Cache::new(self.shared.clone())
     }
 
     /// Up to `limit` (at most [`MAX_STATE_READ`](crate::storage::MAX_STATE_READ))

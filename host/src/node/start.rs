@@ -230,7 +230,7 @@ impl InstanceBuilder {
             members: RwLock::new(BTreeMap::new()),
             peer_addr,
             modules: RwLock::new(HashMap::new()),
-            deploys: crate::deploy::Deploys::default(),
+            deploys: super::deploy::Deploys::default(),
             fences: Mutex::new(0),
             handoffs: Mutex::new(HandoffStates::default()),
             leave_losses: Mutex::new(Vec::new()),

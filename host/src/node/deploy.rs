@@ -26,6 +26,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use super::{Instance, ModuleInfo, NodeShared, module_info};
 use crate::arbiter::{ANONYMOUS, ModuleVersionRecord, NewModuleVersion};
 use crate::bindings::types::StopReason;
 use crate::compile_worker::CompileWorker;
@@ -33,7 +34,6 @@ use crate::config::{ModuleOptions, validate_module_name};
 use crate::error::{Error, Result};
 use crate::key::ModuleSlot;
 use crate::module::{self, Code, CompiledModule};
-use crate::node::{Instance, ModuleInfo, NodeShared, module_info};
 use crate::sync::lock;
 use crate::wire::{LoadedModules, PeerRequest};
 
@@ -155,7 +155,7 @@ async fn bounded<T>(f: crate::arbiter::ArbiterFuture<'_, T>) -> Result<T> {
                 "the arbiter did not answer within {STORE_TIMEOUT:?}"
             ))
         })?
-        .map_err(Error::module_store)
+        .map_err(Error::from)
 }
 
 impl NodeShared {
