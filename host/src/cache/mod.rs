@@ -141,7 +141,14 @@ pub(crate) type CacheFuture = Pin<Box<dyn Future<Output = Result<CacheOutcome>> 
 /// `NodeShared` implements it (`node/cache_routing.rs`); the handle holds it
 /// as a trait object, so this module does not depend on the node.
 pub(crate) trait CacheNode: Send + Sync {
-    /// Run `op` on the owner of its key: here, or forwarded.
+    /// Run `op` here if this node owns its key's partition now (or refuse
+    /// it: a bad name, a fenced node); give it back when it must go to
+    /// another node. No future, no allocation: the local path of every
+    /// operation.
+    fn run_here(&self, op: CacheOp) -> std::result::Result<Result<CacheOutcome>, CacheOp>;
+
+    /// Run `op` on the owner of its key, forwarding it if that is another
+    /// node.
     fn run(self: Arc<Self>, op: CacheOp) -> CacheFuture;
 
     /// Refuse a value over the node's `max_message_size`.
@@ -173,7 +180,7 @@ impl Cache {
             namespace: namespace.to_owned(),
             key: key.to_owned(),
         };
-        match self.node.clone().run(op).await? {
+        match self.run(op).await? {
             CacheOutcome::Found(entry) => Ok(entry),
             other => Err(unexpected_outcome(&other)),
         }
@@ -203,7 +210,7 @@ impl Cache {
                 .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)),
             expect: options.expect,
         };
-        match self.node.clone().run(op).await? {
+        match self.run(op).await? {
             CacheOutcome::Written { version } => Ok(version),
             CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
             other => Err(unexpected_outcome(&other)),
@@ -222,7 +229,7 @@ impl Cache {
             key: key.to_owned(),
             expect,
         };
-        match self.node.clone().run(op).await? {
+        match self.run(op).await? {
             CacheOutcome::Deleted(existed) => Ok(existed),
             CacheOutcome::Conflict { current } => Err(Error::VersionConflict { current }),
             other => Err(unexpected_outcome(&other)),
@@ -232,6 +239,15 @@ impl Cache {
     /// This node's cache counters (the entries it holds as owner).
     pub fn stats(&self) -> CacheStats {
         self.node.stats()
+    }
+
+    /// Run `op` on its key's owner: here without a future when this node
+    /// owns it, else forwarded.
+    async fn run(&self, op: CacheOp) -> Result<CacheOutcome> {
+        match self.node.run_here(op) {
+            Ok(outcome) => outcome,
+            Err(op) => self.node.clone().run(op).await,
+        }
     }
 }
 

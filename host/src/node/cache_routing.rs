@@ -55,6 +55,23 @@ impl NodeShared {
 }
 
 impl CacheNode for NodeShared {
+    fn run_here(&self, op: CacheOp) -> std::result::Result<Result<CacheOutcome>, CacheOp> {
+        let (CacheOp::Get { namespace, key }
+        | CacheOp::Put { namespace, key, .. }
+        | CacheOp::Delete { namespace, key, .. }) = &op;
+        if let Err(e) = validate_namespace(namespace).and_then(|()| validate_key(key)) {
+            return Ok(Err(e));
+        }
+        match self.route(key) {
+            Route::Local { partition, token } => {
+                let now = self.clock.now();
+                Ok(lock(&self.cache).apply(op, partition, token, now))
+            }
+            Route::Forward { .. } => Err(op),
+            Route::Refuse(refusal) => Ok(Err(refused(refusal))),
+        }
+    }
+
     fn run(self: Arc<Self>, op: CacheOp) -> CacheFuture {
         Box::pin(async move { self.cache_op(op).await })
     }
