@@ -28,7 +28,6 @@ mod languages;
 mod limbo;
 mod limits;
 mod linearizability;
-mod load_fence;
 mod observability;
 mod processes;
 mod runtime;

@@ -55,9 +55,10 @@ const PARTITIONS: u32 = 16;
 /// succeeded is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_whose_cores_are_busy_keep_renewing_and_never_fence() {
-    // Not beside the multi-process tests: this test loads both cores on
-    // purpose, and they, like it, measure timing on a shared PostgreSQL.
-    let _serial = crate::processes::SERIAL.lock().await;
+    // Alone in its test binary (`tests/alone/main.rs`): it loads both cores
+    // on purpose, and nothing else of the suite may add load it did not
+    // make (a Python key's compile beside it starved PostgreSQL's backend
+    // of the renewals' round trips: a fence the node did not cause).
     let db = test_database().await;
     let namespace = unique_namespace("load-fence");
     let partitions = PartitionCount::new(PARTITIONS).unwrap();
