@@ -38,6 +38,17 @@ async fn contract(arbiter: &dyn Arbiter, ns: &str, wait: Wait) {
         matches!(err, ArbiterError::Refused(_)),
         "a node id is unique while its lease is current: {err}"
     );
+    // A grant is confirmed once its node uses it (a campaign or a renewal):
+    // the leader gives partitions only to confirmed leases, so a grant whose
+    // answer was lost on its way to the node gets none.
+    let confirmed = |live: &[fief::arbiter::Member], n: &NodeId| {
+        live.iter().find(|m| &m.node == n).map(|m| m.confirmed)
+    };
+    assert_eq!(confirmed(&live, &a), Some(false), "granted, not yet used");
+    arbiter.renew(ns, &b, lease_b).await.unwrap();
+    let live = arbiter.live_nodes(ns).await.unwrap();
+    assert_eq!(confirmed(&live, &a), Some(false));
+    assert_eq!(confirmed(&live, &b), Some(true), "a renewal confirms");
 
     // Leadership: one leader at a time.
     let term = arbiter
@@ -55,6 +66,8 @@ async fn contract(arbiter: &dyn Arbiter, ns: &str, wait: Wait) {
         Some(term),
         "a keeps its term"
     );
+    let live = arbiter.live_nodes(ns).await.unwrap();
+    assert_eq!(confirmed(&live, &a), Some(true), "a campaign confirms");
 
     // Table: the leader writes; every change bumps the epoch.
     let all: Vec<_> = (0..PARTITIONS)

@@ -40,6 +40,13 @@ pub struct Member {
     pub leader: bool,
     /// Time left on its lease, as the arbiter judges it.
     pub lease_remaining: Duration,
+    /// The node has used this lease since it was granted (renewed it, or
+    /// campaigned with it), so it knows it. A lease whose grant never
+    /// reached its node (the answer to its join was lost, and its next
+    /// joins are refused until this one expires) is live but not
+    /// confirmed: the leader gives no partition to it, since nothing would
+    /// serve it and a state handed to it would be dropped.
+    pub confirmed: bool,
 }
 
 /// Why the arbiter state refused a request (the host maps these onto its
@@ -70,6 +77,8 @@ struct LeaseRecord {
     id: LeaseId,
     peer_addr: Option<String>,
     leaving: bool,
+    /// Used by its node since the grant (see [`Member::confirmed`]).
+    confirmed: bool,
     committed_at: Instant,
     ttl: Duration,
 }
@@ -182,6 +191,7 @@ impl ArbiterState {
                 id,
                 peer_addr,
                 leaving: false,
+                confirmed: false,
                 committed_at: now,
                 ttl,
             },
@@ -200,6 +210,7 @@ impl ArbiterState {
         }
         if let Some(r) = self.leases.get_mut(node) {
             r.committed_at = now;
+            r.confirmed = true;
         }
         Ok(())
     }
@@ -240,6 +251,7 @@ impl ArbiterState {
                 node: node.clone(),
                 peer_addr: r.peer_addr.clone(),
                 leaving: r.leaving,
+                confirmed: r.confirmed,
                 leader: self.leader.as_ref() == Some(&(node.clone(), r.id)),
                 lease_remaining: self.expires_at(r).saturating_duration_since(now),
             })
@@ -260,6 +272,9 @@ impl ArbiterState {
     ) -> Result<Option<Term>, Refusal> {
         if !self.lease_current(node, lease, now) {
             return Err(Refusal::LeaseExpired(lease));
+        }
+        if let Some(r) = self.leases.get_mut(node) {
+            r.confirmed = true;
         }
         let leader_alive = self
             .leader
@@ -352,6 +367,38 @@ mod tests {
 
     fn at(ms: u64) -> Instant {
         Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    /// A lease is confirmed once its node uses it (a renewal or a
+    /// campaign); a grant whose answer never reached its node is live but
+    /// not confirmed, and so gets no partition from the leader.
+    #[test]
+    fn a_lease_is_confirmed_only_once_its_node_uses_it() {
+        let mut s = ArbiterState::new(PartitionCount::new(2).unwrap());
+        let (a, b) = (NodeId::new("a"), NodeId::new("b"));
+        let ttl = Duration::from_millis(1000);
+        let confirmed = |s: &ArbiterState, n: &NodeId, now| {
+            s.live_nodes(now)
+                .iter()
+                .find(|m| &m.node == n)
+                .map(|m| m.confirmed)
+        };
+        let la = s.register(at(0), &a, LeaseId(1), ttl, None).unwrap();
+        let lb = s.register(at(0), &b, LeaseId(2), ttl, None).unwrap();
+        assert_eq!(
+            confirmed(&s, &a, at(1)),
+            Some(false),
+            "granted, not yet used"
+        );
+        s.campaign(at(10), &a, la).unwrap();
+        assert_eq!(confirmed(&s, &a, at(11)), Some(true), "a campaign uses it");
+        s.renew(at(20), &b, lb).unwrap();
+        assert_eq!(confirmed(&s, &b, at(21)), Some(true), "a renewal uses it");
+        // A fresh lease after expiry starts unconfirmed again.
+        let lb2 = s.register(at(1100), &b, LeaseId(3), ttl, None).unwrap();
+        assert_eq!(confirmed(&s, &b, at(1101)), Some(false));
+        s.renew(at(1200), &b, lb2).unwrap();
+        assert_eq!(confirmed(&s, &b, at(1201)), Some(true));
     }
 
     #[test]

@@ -511,9 +511,12 @@ impl Coordinator {
                 Some(self.send(now, Request::LiveNodes, Stage::Members, out))
             }
             (Stage::LeaderMembers(term), Reply::Members(members)) => {
+                // Only nodes that have used their lease get partitions: a
+                // lease whose grant never reached its node is live but
+                // serves nothing (see `Member::confirmed`).
                 let targets = members
                     .iter()
-                    .filter(|m| !m.leaving)
+                    .filter(|m| !m.leaving && m.confirmed)
                     .map(|m| m.node.clone())
                     .collect();
                 let live = members.iter().map(|m| m.node.clone()).collect();
@@ -734,6 +737,59 @@ mod tests {
             }]
         );
         assert!(!c.status(at(1001)).is_current());
+    }
+
+    /// The leader's round, to its plan: `members` live, every partition of
+    /// `table` owned by "a" (the leader). Returns the moves it starts.
+    fn leader_plan(members: Vec<Member>, table: OwnershipTable) -> Vec<(PartitionId, NodeId)> {
+        let mut c = Coordinator::new(LeaseTiming::default());
+        let (id, _) = sent(&c.on_tick(at(0))).unwrap();
+        let (id, _) = sent(&c.on_reply(at(1), id, Reply::Registered(LeaseId(1)))).unwrap();
+        let (id, req) = sent(&c.on_reply(at(2), id, Reply::Campaign(Some(Term(1))))).unwrap();
+        assert_eq!(req, Request::LiveNodes);
+        let (id, req) = sent(&c.on_reply(at(3), id, Reply::Members(members))).unwrap();
+        assert_eq!(req, Request::Table);
+        c.on_reply(at(4), id, Reply::Table(table))
+            .into_iter()
+            .find_map(|a| match a {
+                Action::StartMoves(moves) => Some(moves),
+                _ => None,
+            })
+            .expect("the leader plans its moves")
+            .into_iter()
+            .flat_map(|(_, moves)| moves)
+            .collect()
+    }
+
+    /// The leader moves partitions only to nodes that have used their
+    /// lease: a node whose join was granted but whose answer was lost holds
+    /// a live lease it does not know (its next joins are refused until that
+    /// one expires); a partition moved to it would be served by nobody, and
+    /// the states handed to it dropped (found by
+    /// `processes::fenced_node_answers_and_rejoins_when_the_cut_heals`).
+    #[test]
+    fn the_leader_moves_nothing_to_a_lease_its_node_never_used() {
+        let member = |name: &str, confirmed| Member {
+            node: NodeId::new(name),
+            peer_addr: Some(format!("{name}:1")),
+            leaving: false,
+            confirmed,
+            leader: name == "a",
+            lease_remaining: Duration::from_secs(5),
+        };
+        let table = || {
+            let mut t = OwnershipTable::new(crate::PartitionCount::new(4).unwrap());
+            let a = NodeId::new("a");
+            t.reassign((0..4).map(|p| (PartitionId(p), Some(a.clone()))));
+            t
+        };
+        let moves = leader_plan(vec![member("a", true), member("b", false)], table());
+        assert!(moves.is_empty(), "moved to an unconfirmed lease: {moves:?}");
+        let moves = leader_plan(vec![member("a", true), member("b", true)], table());
+        assert!(
+            !moves.is_empty() && moves.iter().all(|(_, to)| to.as_str() == "b"),
+            "a confirmed member gets its share: {moves:?}"
+        );
     }
 
     /// Fail every request of the round in progress, from `id` on.

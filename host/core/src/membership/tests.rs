@@ -15,6 +15,7 @@ fn member(name: &str, addr: Option<&str>) -> Member {
         node: NodeId::new(name),
         peer_addr: addr.map(str::to_owned),
         leaving: false,
+        confirmed: true,
         leader: false,
         lease_remaining: Duration::from_secs(5),
     }

@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS fief_leases (
     ttl_ms     bigint NOT NULL,
     peer_addr  text,
     leaving    boolean NOT NULL DEFAULT false,
+    confirmed  boolean NOT NULL DEFAULT true,
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (namespace, node_id)
 );
@@ -67,7 +68,7 @@ CREATE TABLE IF NOT EXISTS fief_module_versions (
 /// Columns added after 0.1.0's first schema, as `(table, column, the
 /// statement that adds it)`: run by the migration only when the column is
 /// missing (see the module header for why not unconditionally).
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 3] = [
     (
         "fief_leases",
         "leaving",
@@ -80,6 +81,14 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
         "fief_partitions",
         "handed_from",
         "ALTER TABLE fief_partitions ADD COLUMN IF NOT EXISTS handed_from bigint",
+    ),
+    // Whether the node has used its lease since the grant (renewed it or
+    // campaigned with it): the leader gives partitions only to confirmed
+    // leases. Rows of nodes that predate it count as confirmed.
+    (
+        "fief_leases",
+        "confirmed",
+        "ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS confirmed boolean NOT NULL DEFAULT true",
     ),
 ];
 

@@ -27,12 +27,12 @@ impl Arbiter for Db {
                 .with(Conn::Lease, async |c| {
                     let tx = c.transaction().await?;
                     let row = tx.query_opt(
-                        "INSERT INTO fief_leases (namespace, node_id, lease_id, ttl_ms, peer_addr, expires_at)
-                         VALUES ($1, $2, nextval('fief_lease_ids'), $3::bigint, $4, clock_timestamp() + $3::bigint * interval '1 millisecond')
+                        "INSERT INTO fief_leases (namespace, node_id, lease_id, ttl_ms, peer_addr, confirmed, expires_at)
+                         VALUES ($1, $2, nextval('fief_lease_ids'), $3::bigint, $4, false, clock_timestamp() + $3::bigint * interval '1 millisecond')
                          ON CONFLICT (namespace, node_id) DO UPDATE
                             SET lease_id = EXCLUDED.lease_id, ttl_ms = EXCLUDED.ttl_ms,
                                 peer_addr = EXCLUDED.peer_addr, expires_at = EXCLUDED.expires_at,
-                                leaving = false
+                                leaving = false, confirmed = false
                             WHERE fief_leases.expires_at <= clock_timestamp()
                          RETURNING lease_id",
                         &[&namespace, &node.as_str(), &ttl_ms, &peer_addr],
@@ -76,7 +76,7 @@ impl Arbiter for Db {
             let updated = self
                 .with(Conn::Lease, async |c| {
                     c.execute(
-                        "UPDATE fief_leases SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
+                        "UPDATE fief_leases SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond', confirmed = true
                          WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()",
                         &[&namespace, &node.as_str(), &(lease.0 as i64)],
                     )
@@ -205,7 +205,8 @@ impl Arbiter for Db {
                     c.query(
                         "SELECT l.node_id, l.peer_addr, l.leaving,
                                 COALESCE(n.leader_node = l.node_id AND n.leader_lease = l.lease_id, false),
-                                (EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp())) * 1000)::bigint
+                                (EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp())) * 1000)::bigint,
+                                l.confirmed
                          FROM fief_leases l JOIN fief_namespaces n USING (namespace)
                          WHERE l.namespace = $1 AND l.expires_at > clock_timestamp() ORDER BY l.node_id",
                         &[&namespace],
@@ -221,6 +222,7 @@ impl Arbiter for Db {
                     leaving: r.get(2),
                     leader: r.get(3),
                     lease_remaining: Duration::from_millis(r.get::<_, i64>(4).max(0) as u64),
+                    confirmed: r.get(5),
                 })
                 .collect())
         })
@@ -254,6 +256,18 @@ impl Arbiter for Db {
                     let leader_lease: Option<i64> = row.get(2);
                     let leader_alive: bool = row.get(3);
                     let me_alive: bool = row.get(4);
+                    if me_alive {
+                        // Campaigning with the lease proves its node knows
+                        // it (the first round after a join campaigns
+                        // before it renews). Updates, and locks, the row
+                        // only the first time.
+                        tx.execute(
+                            "UPDATE fief_leases SET confirmed = true
+                             WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND NOT confirmed",
+                            &[&namespace, &node.as_str(), &(lease.0 as i64)],
+                        )
+                        .await?;
+                    }
                     let outcome = if !me_alive {
                         Err(ArbiterError::LeaseExpired(lease))
                     } else if leader_alive {
