@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
@@ -61,16 +63,9 @@ pub(crate) async fn serve(node: Weak<NodeShared>, listener: TcpListener) {
 }
 
 async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: SocketAddr) {
-    let (mut sink, mut stream) = framed.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
-    let writer = tokio::spawn(async move {
-        while let Some(frame) = out_rx.recv().await {
-            let Ok(bytes) = encode(&frame) else { continue };
-            if sink.send(bytes).await.is_err() {
-                return;
-            }
-        }
-    });
+    let (sink, mut stream) = framed.split();
+    let (out_tx, out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
+    let writer = tokio::spawn(write_queued(sink, out_rx));
     let mut greeted = false;
     while let Some(Ok(bytes)) = stream.next().await {
         let Ok(Frame::Request { id, body }) = decode_frame(&bytes) else {
@@ -107,6 +102,28 @@ async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: Sock
     let _ = writer.await;
 }
 
+/// Write the frames queued on `queue` to `sink` until the queue closes or a
+/// write fails. Every frame already queued is fed before one flush, so a busy
+/// connection makes one write per batch of frames, not one per frame (the
+/// codec still writes whenever its buffer passes its backpressure boundary,
+/// so a long batch does not grow the buffer without bound).
+async fn write_queued(mut sink: SplitSink<PeerFramed, Bytes>, mut queue: mpsc::Receiver<Frame>) {
+    while let Some(first) = queue.recv().await {
+        let mut next = Some(first);
+        while let Some(frame) = next {
+            if let Ok(bytes) = encode(&frame)
+                && sink.feed(bytes).await.is_err()
+            {
+                return;
+            }
+            next = queue.try_recv().ok();
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<std::result::Result<Vec<u8>, WireError>>>>>;
 
 /// One open connection to a peer.
@@ -137,7 +154,12 @@ pub(crate) struct PeerPool {
     max_message: usize,
     /// TLS and the cluster secret for every link.
     security: Arc<PeerSecurity>,
-    conns: tokio::sync::Mutex<HashMap<String, Arc<PeerConn>>>,
+    /// Open connections by peer address: a plain lock, held only to look
+    /// one up or put one in, so the call path never waits on an async lock.
+    conns: Mutex<HashMap<String, Arc<PeerConn>>>,
+    /// Held while a connection is being opened, so two callers to a peer
+    /// that has none open one, not two.
+    opening: tokio::sync::Mutex<()>,
     /// Peer addresses this node is cut off from (fault injection).
     cut: Mutex<std::collections::HashSet<String>>,
 }
@@ -154,7 +176,8 @@ impl PeerPool {
             me: me.to_owned(),
             max_message,
             security: Arc::new(security),
-            conns: tokio::sync::Mutex::new(HashMap::new()),
+            conns: Mutex::default(),
+            opening: tokio::sync::Mutex::new(()),
             cut: Mutex::default(),
         }
     }
@@ -166,18 +189,28 @@ impl PeerPool {
             lock(&self.cut).remove(addr);
         } else {
             lock(&self.cut).insert(addr.to_owned());
-            if let Some(conn) = self.conns.lock().await.remove(addr) {
+            if let Some(conn) = lock(&self.conns).remove(addr) {
                 lock(&conn.pending).clear();
             }
         }
     }
 
+    /// The connection to `addr`, if one is open.
+    fn open_connection(&self, addr: &str) -> Option<Arc<PeerConn>> {
+        lock(&self.conns)
+            .get(addr)
+            .filter(|conn| !conn.is_closed())
+            .cloned()
+    }
+
+    /// The open connection to `addr`, or a new one.
     async fn connection(&self, addr: &str) -> Result<Arc<PeerConn>> {
-        let mut conns = self.conns.lock().await;
-        if let Some(conn) = conns.get(addr)
-            && !conn.is_closed()
-        {
-            return Ok(conn.clone());
+        if let Some(conn) = self.open_connection(addr) {
+            return Ok(conn);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(conn) = self.open_connection(addr) {
+            return Ok(conn);
         }
         let unreachable = |why: String| Error::OwnerUnreachable {
             owner: addr.to_owned(),
@@ -192,8 +225,8 @@ impl PeerPool {
             .security
             .connect(addr, stream, codec(self.max_message))
             .await?;
-        let (mut sink, mut stream) = framed.split();
-        let (out, mut out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
+        let (sink, mut stream) = framed.split();
+        let (out, out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
         let pending: Pending = Arc::default();
         // The hello goes first.
         out.try_send(Frame::Request {
@@ -207,12 +240,7 @@ impl PeerPool {
         let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (writer_closed, writer_pending) = (closed.clone(), pending.clone());
         tokio::spawn(async move {
-            while let Some(frame) = out_rx.recv().await {
-                let Ok(bytes) = encode(&frame) else { continue };
-                if sink.send(bytes).await.is_err() {
-                    break;
-                }
-            }
+            write_queued(sink, out_rx).await;
             close(&writer_closed, &writer_pending);
         });
         let (reader_closed, reader_pending) = (closed.clone(), pending.clone());
@@ -234,7 +262,7 @@ impl PeerPool {
             next_id: AtomicU64::new(1),
             closed,
         });
-        conns.insert(addr.to_owned(), conn.clone());
+        lock(&self.conns).insert(addr.to_owned(), conn.clone());
         Ok(conn)
     }
 
