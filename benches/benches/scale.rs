@@ -18,8 +18,9 @@
 //! `cargo bench -p fief-benches --bench scale` (`-- --quick` for the smoke
 //! run, `-- fence` for one section): fence and memory at 1k and 10k keys.
 //! `FIEF_BENCH_FULL=1` adds 100k keys and the max-keys search, which need a
-//! raised `vm.max_map_count`; `docs/benchmarks.md` says how each figure is
-//! measured.
+//! raised `vm.max_map_count`; `FIEF_SCALE_GUEST_THREADS=N` runs the nodes of
+//! the memory, fence and max-keys children with N guest threads (default:
+//! one per core). `docs/benchmarks.md` says how each figure is measured.
 
 mod common;
 
@@ -553,6 +554,10 @@ fn scale_config(keys: usize) -> NodeConfig {
     NodeConfig {
         max_live_keys: u32::try_from(keys).expect("key count") + 64,
         max_memory_per_key: SCALE_MEMORY,
+        guest_threads: std::env::var("FIEF_SCALE_GUEST_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         // spin_options asks for more CPU than the default ceiling.
         module_ceilings: fief::ModuleCeilings {
             cpu_limit: Duration::from_secs(600),
