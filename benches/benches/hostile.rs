@@ -22,7 +22,10 @@
 //! API on a real loopback socket, from a client on a thread and runtime of
 //! its own (as an external load generator would be), one call at a time;
 //! printed as p50 / p99 over `HTTP_CALLS` calls, quiet and under each
-//! attack, with the load average.
+//! attack, with the load average; twice: with the attackers as in-process
+//! tasks on the node's runtime (an embedding program's own), and with the
+//! attackers as external HTTP clients too, each on a connection of its own.
+//! The attackers' modules are of tenant `mallory`; the victim's is of none.
 //!
 //! Run with `cargo bench -p fief-benches --bench hostile` (add `-- --quick`
 //! for a smoke run); the figures are in `docs/benchmarks.md`, "Hostile
@@ -31,9 +34,10 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{COUNTER_WASM, HttpConn, embedded_node, guest, serve_fief_http};
+use common::{COUNTER_WASM, HttpConn, embedded_node, guest, serve_fief_http_with};
 use criterion::Criterion;
 use fief::config::ByteSize;
 use fief::{Instance, ModuleOptions, NodeConfig};
@@ -46,8 +50,14 @@ const HOSTILE_WASM: &str = env!("FIEF_GUEST_HOSTILE");
 /// Attacking keys, each driven by its own task.
 const ATTACKERS: usize = 4;
 
-/// The node: `counter` with default options, `hostile` with a 100 ms CPU
-/// limit and a 16 MiB memory limit, `budgeted` (the same guest) with a
+/// The attackers' modules, of another tenant than the victim's `counter`
+/// (a module of no tenant): fair turns go first between tenants.
+const HOSTILE: &str = "mallory/hostile";
+/// The attackers' module with a `cpu_budget` (the timer storm).
+const BUDGETED: &str = "mallory/budgeted";
+
+/// The node: `counter` with default options, `mallory/hostile` with a 100 ms CPU
+/// limit and a 16 MiB memory limit, `mallory/budgeted` (the same guest) with a
 /// `cpu_budget` of 100m as well.
 async fn node() -> Arc<Instance> {
     let config = NodeConfig {
@@ -65,9 +75,9 @@ async fn node() -> Arc<Instance> {
         config,
         &[
             ("counter", &guest(COUNTER_WASM), ModuleOptions::default()),
-            ("hostile", &guest(HOSTILE_WASM), hostile.clone()),
+            (HOSTILE, &guest(HOSTILE_WASM), hostile.clone()),
             (
-                "budgeted",
+                BUDGETED,
                 &guest(HOSTILE_WASM),
                 ModuleOptions {
                     cpu_budget: "100m".parse().expect("a share"),
@@ -89,7 +99,7 @@ async fn node() -> Arc<Instance> {
 async fn start_attack(node: &Arc<Instance>, attack: &'static [u8]) -> Vec<JoinHandle<()>> {
     if attack == TIMER_STORM {
         for i in 0..ATTACKERS {
-            node.call("budgeted", &format!("attacker-{i}"), attack.to_vec())
+            node.call(BUDGETED, &format!("attacker-{i}"), attack.to_vec())
                 .await
                 .expect("the timer is armed");
         }
@@ -101,7 +111,7 @@ async fn start_attack(node: &Arc<Instance>, attack: &'static [u8]) -> Vec<JoinHa
             tokio::spawn(async move {
                 let key = format!("attacker-{i}");
                 loop {
-                    let _ = node.call("hostile", &key, attack.to_vec()).await;
+                    let _ = node.call(HOSTILE, &key, attack.to_vec()).await;
                 }
             })
         })
@@ -170,7 +180,7 @@ fn http_latencies(addr: std::net::SocketAddr, calls: usize) -> Vec<Duration> {
             .build()
             .expect("the client's runtime");
         client.block_on(async move {
-            let mut conn = HttpConn::open(addr).await;
+            let mut conn = HttpConn::open_with_token(addr, ADMIN_TOKEN).await;
             let mut latencies = Vec::with_capacity(calls);
             for _ in 0..calls {
                 let start = Instant::now();
@@ -195,24 +205,98 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
+/// Start `ATTACKERS` client threads, each sending `attack` over HTTP to its
+/// own hostile key on a connection of its own, again and again, until `stop`
+/// is set; for the timer storm, arm each attacker's timer once (over HTTP).
+fn start_http_attack(
+    addr: std::net::SocketAddr,
+    attack: &'static [u8],
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    // A tenant's token scopes the names: `hostile` is `mallory/hostile`.
+    let module = if attack == TIMER_STORM {
+        BUDGETED
+    } else {
+        HOSTILE
+    }
+    .trim_start_matches("mallory/");
+    let threads: Vec<_> = (0..ATTACKERS)
+        .map(|i| {
+            let (stop, path) = (stop.clone(), format!("/v1/keys/{module}/attacker-{i}/call"));
+            std::thread::spawn(move || {
+                let client = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("an attacker's runtime");
+                client.block_on(async move {
+                    let mut conn = HttpConn::open_with_token(addr, MALLORY_TOKEN).await;
+                    if attack == TIMER_STORM {
+                        conn.post(&path, attack).await;
+                        return;
+                    }
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = conn.post_any(&path, attack).await;
+                    }
+                });
+            })
+        })
+        .collect();
+    threads
+}
+
+/// The HTTP form's tokens: the victim calls as the admin, the attackers as
+/// tenant `mallory`.
+const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
+const MALLORY_TOKEN: &str = "mallory-token-0123456789abcdef";
+
+fn api_options() -> fief::http::ApiOptions {
+    let tokens = format!(
+        "[admin]\ntokens = [\"{ADMIN_TOKEN}\"]\n[tenants.mallory]\ntokens = [\"{MALLORY_TOKEN}\"]\n"
+    );
+    fief::http::ApiOptions {
+        auth: Arc::new(fief::auth::Auth::parse(&tokens, false).expect("the tokens parse")),
+        tls: None,
+    }
+}
+
+/// Where the HTTP form's attackers come from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attackers {
+    /// Tasks on the node's runtime calling in-process (an embedding
+    /// program's own tasks): they share the API's workers.
+    InProcess,
+    /// External clients on connections of their own, as the victim.
+    OverHttp,
+}
+
 /// The HTTP form: the node on a two-worker runtime (like `fief node` on
-/// this machine), the victim called over a real socket.
-fn bench_http(quick: bool) {
+/// this machine), the victim called over a real socket; a node of its own
+/// for each form of attacker (the timer storm never stops).
+fn bench_http(quick: bool, attackers: Attackers) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");
     let node = rt.block_on(node());
-    let addr = rt.block_on(serve_fief_http(node.clone()));
+    let addr = rt.block_on(serve_fief_http_with(node.clone(), api_options()));
     let calls = if quick { HTTP_CALLS / 10 } else { HTTP_CALLS };
-    println!("hostile/victim_http ({calls} calls, one at a time, over loopback)");
+    let from = match attackers {
+        Attackers::InProcess => "attackers in-process",
+        Attackers::OverHttp => "attackers over HTTP",
+    };
+    println!("hostile/victim_http ({calls} calls, one at a time, over loopback; {from})");
     println!(
         "  {:<14} {:>10} {:>10}   load average",
         "attack", "p50", "p99"
     );
     for (name, attack) in ATTACKS {
-        let attackers = attack.map(|a| rt.block_on(start_attack(&node, a)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tasks, threads) = match (attack, attackers) {
+            (None, _) => (Vec::new(), Vec::new()),
+            (Some(a), Attackers::InProcess) => (rt.block_on(start_attack(&node, a)), Vec::new()),
+            (Some(a), Attackers::OverHttp) => (Vec::new(), start_http_attack(addr, a, &stop)),
+        };
         // Let the attack get going.
         std::thread::sleep(Duration::from_millis(200));
         let mut latencies = http_latencies(addr, calls);
@@ -223,8 +307,12 @@ fn bench_http(quick: bool) {
             percentile(&latencies, 0.99),
             load_average()
         );
-        for task in attackers.into_iter().flatten() {
+        for task in tasks {
             task.abort();
+        }
+        stop.store(true, Ordering::Relaxed);
+        for thread in threads {
+            thread.join().expect("an attacker's thread");
         }
     }
     rt.block_on(async {
@@ -239,5 +327,6 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     c.final_summary();
-    bench_http(quick);
+    bench_http(quick, Attackers::InProcess);
+    bench_http(quick, Attackers::OverHttp);
 }

@@ -441,11 +441,20 @@ pub async fn keys_owned_by(
 
 /// Serve `instance`'s HTTP API on a free loopback port; returns the address.
 pub async fn serve_fief_http(instance: Arc<Instance>) -> SocketAddr {
+    serve_fief_http_with(instance, fief::http::ApiOptions::default()).await
+}
+
+/// Fief's HTTP API on a loopback port with `options` (tokens).
+pub async fn serve_fief_http_with(
+    instance: Arc<Instance>,
+    options: fief::http::ApiOptions,
+) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
     let addr = listener.local_addr().expect("address");
-    tokio::spawn(fief::http::serve(
+    tokio::spawn(fief::http::serve_with(
         instance,
         listener,
+        options,
         std::future::pending(),
     ));
     addr
@@ -483,6 +492,8 @@ pub async fn serve_raw_http(keys: RawKeys) -> SocketAddr {
 pub struct HttpConn {
     sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
     host: String,
+    /// `Authorization: Bearer` for every request, if set.
+    token: Option<String>,
 }
 
 impl HttpConn {
@@ -500,14 +511,38 @@ impl HttpConn {
         HttpConn {
             sender,
             host: addr.to_string(),
+            token: None,
+        }
+    }
+
+    /// Open a connection to `addr` whose requests carry `token`.
+    pub async fn open_with_token(addr: SocketAddr, token: &str) -> HttpConn {
+        HttpConn {
+            token: Some(token.to_owned()),
+            ..HttpConn::open(addr).await
         }
     }
 
     /// `POST path` with `body`; panics unless the answer is 200.
     pub async fn post(&mut self, path: &str, body: &'static [u8]) -> bytes::Bytes {
+        let (status, body) = self.post_any(path, body).await;
+        assert!(status.is_success(), "{path}: {status}: {body:?}");
+        body
+    }
+
+    /// `POST path` with `body`: the answer's status and body, whatever the
+    /// status (an attacker's calls are refused, and it goes on).
+    pub async fn post_any(
+        &mut self,
+        path: &str,
+        body: &'static [u8],
+    ) -> (hyper::StatusCode, bytes::Bytes) {
         use http_body_util::BodyExt;
-        let request = hyper::Request::post(path)
-            .header(hyper::header::HOST, &self.host)
+        let mut request = hyper::Request::post(path).header(hyper::header::HOST, &self.host);
+        if let Some(token) = &self.token {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
             .body(http_body_util::Full::new(bytes::Bytes::from_static(body)))
             .expect("request");
         self.sender.ready().await.expect("connection ready");
@@ -523,8 +558,7 @@ impl HttpConn {
             .await
             .expect("reading the body")
             .to_bytes();
-        assert!(status.is_success(), "{path}: {status}: {body:?}");
-        body
+        (status, body)
     }
 }
 
