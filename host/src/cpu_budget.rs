@@ -100,9 +100,9 @@ impl CpuMeter {
     fn charge(&self, spent: Duration) {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         self.used_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.module_used.inc_by(spent.as_secs_f64());
+        self.module_used.inc_by(spent);
         self.tenant.used_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.tenant.used.inc_by(spent.as_secs_f64());
+        self.tenant.used.inc_by(spent);
     }
 
     /// Wait out `wait`, the key's throttling for its budget or its
@@ -117,8 +117,8 @@ impl CpuMeter {
             tokio::time::sleep(left.min(THROTTLE_COUNT_STEP)).await;
             // A timer that fires late kept the key waiting: count that too.
             let waited = step.elapsed();
-            self.module_throttled.inc_by(waited.as_secs_f64());
-            self.tenant.throttled.inc_by(waited.as_secs_f64());
+            self.module_throttled.inc_by(waited);
+            self.tenant.throttled.inc_by(waited);
             left = left.saturating_sub(waited);
         }
     }

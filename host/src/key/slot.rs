@@ -9,9 +9,10 @@
 //! dropped** (`remove_if_current`, `retired`). It must not run guest code
 //! itself: the key's task (`task.rs`) or an inline call (`inline.rs`) does.
 
+use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fief_core::{OnFence, OwnershipToken, PartitionId};
@@ -49,7 +50,8 @@ pub(crate) struct KeyHandle {
 /// activations use the new one.
 pub(crate) struct ModuleSlot {
     pub(crate) name: Arc<str>,
-    current: RwLock<Arc<CompiledModule>>,
+    /// Read on every call (its limits): an `ArcSwap`, lock-free.
+    current: ArcSwap<CompiledModule>,
     keys: Mutex<HashMap<Box<str>, KeyHandle>>,
     next_generation: AtomicU64,
     /// `fief_calls_inline_total{module}`.
@@ -79,7 +81,7 @@ impl ModuleSlot {
     pub(crate) fn new(name: &str, module: CompiledModule, inline_calls: Counter) -> Self {
         ModuleSlot {
             name: Arc::from(name),
-            current: RwLock::new(Arc::new(module)),
+            current: ArcSwap::from_pointee(module),
             keys: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
             inline_calls,
@@ -88,18 +90,18 @@ impl ModuleSlot {
 
     /// The version new activations use.
     pub(crate) fn current(&self) -> Arc<CompiledModule> {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.current.load_full()
+    }
+
+    /// A short look at the current version (its options, say), with no
+    /// reference count taken; not to be held across an `await`.
+    pub(crate) fn peek(&self) -> arc_swap::Guard<Arc<CompiledModule>> {
+        self.current.load()
     }
 
     /// Make `module` the version new activations use.
     pub(crate) fn replace(&self, module: CompiledModule) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(module);
+        self.current.store(Arc::new(module));
     }
 
     pub(crate) fn live_keys(&self) -> usize {

@@ -73,10 +73,7 @@ impl NodeShared {
         let (result, effects) = input(&mut m, now);
         let view = m.view();
         if !Arc::ptr_eq(&self.view(), &view) {
-            *self
-                .view
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
+            self.view.store(view);
         }
         if effects.iter().any(|e| matches!(e, Effect::MembersChanged)) {
             *self

@@ -369,10 +369,11 @@ impl NodeShared {
                     compiled,
                     self.metrics.inline_calls(name),
                 ));
-                self.modules
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(name.to_owned(), slot.clone());
+                self.modules.rcu(|modules| {
+                    let mut modules = HashMap::clone(modules);
+                    modules.insert(name.to_owned(), slot.clone());
+                    modules
+                });
                 slot
             }
         };
@@ -534,10 +535,11 @@ impl NodeShared {
     /// its keys stop (`terminate(undeployed)`), and what has not stopped
     /// within [`UNDEPLOY_GRACE`] is killed.
     async fn unload(&self, slot: &Arc<ModuleSlot>) {
-        self.modules
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&*slot.name);
+        self.modules.rcu(|modules| {
+            let mut modules = HashMap::clone(modules);
+            modules.remove(&*slot.name);
+            modules
+        });
         let stops: Vec<_> = slot
             .live_key_names()
             .iter()

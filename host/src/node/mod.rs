@@ -48,6 +48,7 @@ mod routing;
 mod start;
 mod status;
 
+use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -98,7 +99,9 @@ pub(crate) struct NodeShared {
     /// `view` and `members` under this lock and carries out the effects.
     membership: Mutex<Membership>,
     /// The routing view (table and held partitions) as last published.
-    view: RwLock<Arc<RoutingView>>,
+    /// Read on every call: an `ArcSwap`, so the cores routing calls at once
+    /// do not bounce a lock's or a reference count's cache line.
+    view: ArcSwap<RoutingView>,
     /// Held by each input from before `membership` is taken until its
     /// effects are carried out: effects run in the order the membership
     /// emitted them, and readers of `membership` never wait for effects.
@@ -117,7 +120,9 @@ pub(crate) struct NodeShared {
     coordination_rt: std::sync::OnceLock<Handle>,
     /// Set once the first round finished.
     ready: watch::Sender<bool>,
-    pub(crate) modules: RwLock<HashMap<String, Arc<ModuleSlot>>>,
+    /// The deployed modules by name, replaced whole on a deploy or an
+    /// undeploy (rare) and read without a lock on every call.
+    pub(crate) modules: ArcSwap<HashMap<String, Arc<ModuleSlot>>>,
     /// Cluster-wide deploys: the module follower's bookkeeping.
     pub(crate) deploys: deploy::Deploys,
     fences: Mutex<u64>,
@@ -167,34 +172,25 @@ impl NodeShared {
 
     /// The routing view as last published: the table, and the partitions
     /// held back (draining or unsure).
-    pub(crate) fn view(&self) -> Arc<RoutingView> {
-        self.view
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    pub(crate) fn view(&self) -> arc_swap::Guard<Arc<RoutingView>> {
+        self.view.load()
     }
 
     /// The table as last published.
     pub(crate) fn table(&self) -> TableRef {
-        TableRef(self.view())
+        TableRef(self.view.load_full())
     }
 
     pub(crate) fn module(&self, name: &str) -> Result<Arc<ModuleSlot>> {
         self.modules
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .load()
             .get(name)
             .cloned()
             .ok_or_else(|| Error::UnknownModule(name.to_owned()))
     }
 
     pub(crate) fn slots(&self) -> Vec<Arc<ModuleSlot>> {
-        self.modules
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect()
+        self.modules.load().values().cloned().collect()
     }
 }
 

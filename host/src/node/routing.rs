@@ -176,13 +176,24 @@ impl NodeShared {
         }
         // An idle key runs the call on this task; a busy one queues it
         // (`ModuleSlot::call`). A timeout abandons the wait, not the call:
-        // the key finishes it either way.
-        let call = slot.call(&self.services, key, partition, token, message, Via::Routed);
-        let reply = match tokio::time::timeout(timeout, call).await {
-            Err(_) => return Err(Error::Timeout(timeout)),
-            Ok(reply) => reply?,
+        // the key finishes it either way. The call is polled once before its
+        // timer is made: an inline call usually finishes in that poll, and
+        // making a timer reads the clock and clones the runtime's handle (a
+        // reference count every core calling at once would share). The
+        // first poll is at most one slice (an inline call still running at
+        // its first epoch tick moves to the key's task), so the wait is
+        // bounded by `timeout` plus that slice.
+        let mut call =
+            std::pin::pin!(slot.call(&self.services, key, partition, token, message, Via::Routed));
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        let reply = match first {
+            std::task::Poll::Ready(reply) => reply?,
+            std::task::Poll::Pending => match tokio::time::timeout(timeout, call).await {
+                Err(_) => return Err(Error::Timeout(timeout)),
+                Ok(reply) => reply?,
+            },
         };
-        let module_limit = slot.current().options.max_reply_size;
+        let module_limit = slot.peek().options.max_reply_size;
         let limit = module_limit
             .map_or(self.config.max_message_size, |l| {
                 l.min(self.config.max_message_size)
@@ -369,7 +380,7 @@ impl KeyNode for NodeShared {
 /// the node's, which the caller checked already. Every local delivery path
 /// (the mailbox and the inline call of an idle key) checks it.
 fn check_module_message(slot: &ModuleSlot, message: &[u8]) -> Result<()> {
-    match slot.current().options.max_message_size {
+    match slot.peek().options.max_message_size {
         Some(limit) if message.len() as u64 > limit.as_u64() => Err(Error::MessageTooLarge {
             size: message.len(),
             limit: limit.as_u64() as usize,

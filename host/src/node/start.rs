@@ -9,6 +9,7 @@
 //! decision itself: once started, the node is driven by `coordination.rs` and
 //! serves through `routing.rs`.
 
+use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -215,7 +216,7 @@ impl InstanceBuilder {
                 events: self.events,
                 node: node.clone(),
             }),
-            view: RwLock::new(membership.view()),
+            view: ArcSwap::new(membership.view()),
             membership: Mutex::new(membership),
             executing: Mutex::new(()),
             move_states: Mutex::new(HashMap::new()),
@@ -229,7 +230,7 @@ impl InstanceBuilder {
             arbiter,
             members: RwLock::new(BTreeMap::new()),
             peer_addr,
-            modules: RwLock::new(HashMap::new()),
+            modules: ArcSwap::default(),
             deploys: super::deploy::Deploys::default(),
             fences: Mutex::new(0),
             handoffs: Mutex::new(HandoffStates::default()),
