@@ -101,7 +101,6 @@ impl CpuMeter {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         self.used_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.module_used.inc_by(spent);
-        self.tenant.used_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.tenant.used.inc_by(spent);
     }
 
@@ -131,8 +130,8 @@ const THROTTLE_COUNT_STEP: Duration = Duration::from_millis(50);
 /// One tenant's CPU on this node: what its keys used, what they waited, and
 /// its `cpu_budget_per_tenant` (see the module header).
 pub(crate) struct TenantCpu {
-    used_nanos: AtomicU64,
-    /// `fief_tenant_cpu_seconds_total{tenant}`.
+    /// `fief_tenant_cpu_seconds_total{tenant}`, and what the tenant's
+    /// budget is charged.
     used: SecondsCounter,
     /// `fief_tenant_throttled_seconds_total{tenant}`.
     throttled: SecondsCounter,
@@ -146,7 +145,7 @@ impl TenantCpu {
     /// zero, if it is in debt.
     pub(crate) fn wait(&self, now: Instant) -> Option<Duration> {
         let budget = self.budget.as_ref()?;
-        lock(budget).wait(self.used_nanos.load(Ordering::Relaxed), now)
+        lock(budget).wait(self.used.nanos(), now)
     }
 
     /// Whether the node gives this tenant a budget.
@@ -197,16 +196,17 @@ impl TenantCpuMeters {
             return meter.clone();
         }
         let (used, throttled) = counters();
+        // The budget is charged what the counter moves from now on (a
+        // series the registry already had may not start at zero).
+        let already = used.nanos();
         let meter = Arc::new(TenantCpu {
-            used_nanos: AtomicU64::new(0),
             used,
             throttled,
             budget: self.budget.map(|(cores, window)| {
-                Mutex::new(CpuBudget::new(
-                    u64::from(cores.millicores()),
-                    window,
-                    Instant::now(),
-                ))
+                let mut budget =
+                    CpuBudget::new(u64::from(cores.millicores()), window, Instant::now());
+                budget.charged_nanos = already;
+                Mutex::new(budget)
             }),
             limit: self.budget.map(|(cores, _)| cores),
         });

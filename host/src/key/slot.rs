@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fief_core::{OnFence, OwnershipToken, PartitionId};
-use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
 
 use super::inline::{InlineCall, InlineFuture, run_inline};
@@ -29,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::host_bytes::Ledger;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::mailbox::{self, Mailbox, MailboxRx, Refused};
+use crate::metrics::CallCounter;
 use crate::module::CompiledModule;
 
 /// A live key's entry in its module's table.
@@ -55,7 +55,7 @@ pub(crate) struct ModuleSlot {
     keys: Mutex<HashMap<Box<str>, KeyHandle>>,
     next_generation: AtomicU64,
     /// `fief_calls_inline_total{module}`.
-    inline_calls: Counter,
+    inline_calls: CallCounter,
 }
 
 /// One live key, as reported by [`crate::Instance::keys`].
@@ -78,7 +78,7 @@ pub struct LiveKey {
 impl ModuleSlot {
     /// The slot of `name`, running `module`, counting its inline calls to
     /// `inline_calls`.
-    pub(crate) fn new(name: &str, module: CompiledModule, inline_calls: Counter) -> Self {
+    pub(crate) fn new(name: &str, module: CompiledModule, inline_calls: CallCounter) -> Self {
         ModuleSlot {
             name: Arc::from(name),
             current: ArcSwap::from_pointee(module),

@@ -38,6 +38,10 @@ use crate::cache::CacheStats;
 use crate::host_bytes::TenantHostBytes;
 use crate::sync::lock;
 
+mod striped;
+pub(crate) use striped::{CallCounter, SecondsCounter};
+use striped::{LatencyHistogram, StripedU64};
+
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -47,46 +51,6 @@ type Labels1 = [(&'static str, String); 1];
 type Labels2 = [(&'static str, String); 2];
 /// Three labels.
 type Labels3 = [(&'static str, String); 3];
-
-/// A counter of seconds, kept as whole nanoseconds and shown as seconds.
-///
-/// Moved by every poll of every key (its CPU time): an add is one atomic
-/// add. prometheus-client's `f64` counter adds by a compare-and-swap loop,
-/// which the cores charging CPU time at once kept retrying against each
-/// other (7 % of the samples of the 8-caller throughput bench).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct SecondsCounter(Arc<AtomicU64>);
-
-impl SecondsCounter {
-    /// Add `time`.
-    pub(crate) fn inc_by(&self, time: Duration) {
-        let nanos = u64::try_from(time.as_nanos()).unwrap_or(u64::MAX);
-        self.0.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    /// The seconds counted so far.
-    pub(crate) fn get(&self) -> f64 {
-        self.0.load(Ordering::Relaxed) as f64 / 1e9
-    }
-}
-
-impl prometheus_client::metrics::TypedMetric for SecondsCounter {
-    const TYPE: prometheus_client::metrics::MetricType =
-        prometheus_client::metrics::MetricType::Counter;
-}
-
-impl prometheus_client::encoding::EncodeMetric for SecondsCounter {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::MetricEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        encoder.encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&self.get(), None)
-    }
-
-    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
-        <Self as prometheus_client::metrics::TypedMetric>::TYPE
-    }
-}
 
 /// Which way a call went, for [`Metrics::call_done`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,11 +75,11 @@ impl CallRoute {
 
 /// One module's call series, indexed by [`CallRoute`] (its discriminant).
 struct CallSeries {
-    ok: [Counter; 3],
-    error: [Counter; 3],
-    seconds: [Histogram; 3],
+    ok: [CallCounter; 3],
+    error: [CallCounter; 3],
+    seconds: [LatencyHistogram; 3],
     /// Calls served here (local and for peers).
-    served: AtomicU64,
+    served: StripedU64,
 }
 
 /// A node's counters and histograms (gauges are read at scrape time).
@@ -126,10 +90,10 @@ pub(crate) struct Metrics {
     /// Renewal counts of leases given up (a fence folds them in).
     renewals_past: Mutex<RenewalCounts>,
     activations: Family<Labels1, Counter>,
-    inline_calls: Family<Labels1, Counter>,
+    inline_calls: Family<Labels1, CallCounter>,
     kills: Family<Labels2, Counter>,
-    calls: Family<Labels3, Counter>,
-    call_seconds: Family<Labels1, Histogram>,
+    calls: Family<Labels3, CallCounter>,
+    call_seconds: Family<Labels1, LatencyHistogram>,
     compile_seconds: Family<Labels1, Histogram>,
     options_lowered: Family<Labels1, Counter>,
     coordination_restarts: Counter,
@@ -176,11 +140,6 @@ struct Gauges {
     host_bytes_refused: Family<Labels1, Counter>,
 }
 
-fn latency_histogram() -> Histogram {
-    // 100 µs .. ~13 s.
-    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
-}
-
 fn compile_histogram() -> Histogram {
     // 1 ms .. ~131 s (a Python component takes seconds to compile).
     Histogram::new(exponential_buckets(0.001, 2.0, 18))
@@ -198,11 +157,10 @@ impl Metrics {
         let fences = Family::<Labels1, Counter>::default();
         let renewals = Family::<Labels1, Counter>::default();
         let activations = Family::<Labels1, Counter>::default();
-        let inline_calls = Family::<Labels1, Counter>::default();
+        let inline_calls = Family::<Labels1, CallCounter>::default();
         let kills = Family::<Labels2, Counter>::default();
-        let calls = Family::<Labels3, Counter>::default();
-        let call_seconds =
-            Family::<Labels1, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        let calls = Family::<Labels3, CallCounter>::default();
+        let call_seconds = Family::<Labels1, LatencyHistogram>::default();
         let compile_seconds =
             Family::<Labels1, Histogram>::new_with_constructor(compile_histogram as fn() -> _);
         let options_lowered = Family::<Labels1, Counter>::default();
@@ -451,7 +409,7 @@ impl Metrics {
 
     /// The counter of `module`'s calls served inline, for its slot to keep
     /// (one atomic add per inline call, no lookup).
-    pub(crate) fn inline_calls(&self, module: &str) -> Counter {
+    pub(crate) fn inline_calls(&self, module: &str) -> CallCounter {
         self.inline_calls
             .get_or_create(&[("module", module.to_owned())])
             .clone()
@@ -485,9 +443,9 @@ impl Metrics {
         let at = route as usize;
         let counters = if ok { &series.ok } else { &series.error };
         counters[at].inc();
-        series.seconds[at].observe(elapsed.as_secs_f64());
+        series.seconds[at].observe(elapsed);
         if route != CallRoute::Routed {
-            series.served.fetch_add(1, Ordering::Relaxed);
+            series.served.add(1);
         }
     }
 
@@ -512,7 +470,7 @@ impl Metrics {
                     .get_or_create(&[("route", r.label().to_owned())])
                     .clone()
             }),
-            served: AtomicU64::new(0),
+            served: StripedU64::default(),
         });
         let mut kept = series.clone();
         self.call_series.rcu(|known| {
@@ -611,7 +569,7 @@ impl Metrics {
     pub(crate) fn served(&self) -> std::collections::BTreeMap<String, u64> {
         let mut served = std::collections::BTreeMap::new();
         for (module, series) in self.call_series.load().iter() {
-            served.insert(module.clone(), series.served.load(Ordering::Relaxed));
+            served.insert(module.clone(), series.served.get());
         }
         served
     }
@@ -817,22 +775,5 @@ mod tests {
             "memory_limit"
         );
         assert_eq!(kill_cause(None, Some("trapped: unreachable")), "trap");
-    }
-
-    #[test]
-    fn a_seconds_counter_adds_nanoseconds_and_shows_seconds() {
-        let counter = SecondsCounter::default();
-        counter.inc_by(Duration::from_millis(1500));
-        counter.clone().inc_by(Duration::from_nanos(250));
-        assert_eq!(counter.get(), 1.500_000_25);
-        let mut registry = Registry::default();
-        registry.register("fief_test_seconds", "Seconds.", counter);
-        let mut text = String::new();
-        encode(&mut text, &registry).expect("encoding");
-        assert!(
-            text.contains("# TYPE fief_test_seconds counter")
-                && text.contains("fief_test_seconds_total 1.50000025"),
-            "{text}"
-        );
     }
 }
