@@ -409,10 +409,13 @@ async fn callers_looping_over_inline_calls_let_their_workers_serve_others() {
         "{calls} calls in 300 ms from 4 tasks; the 1 ms ticker beside them ticked {ticked} \
          times, {alone} times alone"
     );
-    // Measured: about as often as alone with the yields, a seventh or less
-    // without them.
+    // Measured: about as often as alone with the yields (150 of 143, 147 of
+    // 144), a seventh or less without them, and a third (48 of 145) when the
+    // call path polled a yielded call again in the same turn (a timer made
+    // after its first `Pending`), which the first bound here, a half, let
+    // pass once.
     assert!(
-        ticked * 2 >= alone,
+        ticked * 3 >= alone * 2,
         "the ticker ticked {ticked} times while four tasks made {calls} inline calls for \
          300 ms, {alone} times in 300 ms alone"
     );

@@ -176,23 +176,32 @@ impl NodeShared {
         }
         // An idle key runs the call on this task; a busy one queues it
         // (`ModuleSlot::call`). A timeout abandons the wait, not the call:
-        // the key finishes it either way. The call is polled once before its
-        // timer is made: an inline call usually finishes in that poll, and
-        // making a timer reads the clock and clones the runtime's handle (a
-        // reference count every core calling at once would share). The
-        // first poll is at most one slice (an inline call still running at
-        // its first epoch tick moves to the key's task), so the wait is
-        // bounded by `timeout` plus that slice.
+        // the key finishes it either way. The timer is made only once the
+        // call is pending: an inline call usually finishes in its first
+        // poll, and making a timer reads the clock and clones the runtime's
+        // handle (a reference count every core calling at once would share).
+        // The first poll is at most one slice (an inline call still running
+        // at its first epoch tick moves to the key's task), so the wait is
+        // bounded by `timeout` plus that slice. A `Pending` goes back to the
+        // executor before the call is polled again: the call may have
+        // yielded on purpose (`yield_after_inline`).
         let mut call =
             std::pin::pin!(slot.call(&self.services, key, partition, token, message, Via::Routed));
-        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
-        let reply = match first {
-            std::task::Poll::Ready(reply) => reply?,
-            std::task::Poll::Pending => match tokio::time::timeout(timeout, call).await {
-                Err(_) => return Err(Error::Timeout(timeout)),
-                Ok(reply) => reply?,
-            },
-        };
+        let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
+        let reply = std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(reply) = call.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Some(reply));
+            }
+            if timer.is_none() {
+                timer.set(Some(tokio::time::sleep(timeout)));
+            }
+            match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+                Some(std::task::Poll::Ready(())) => std::task::Poll::Ready(None),
+                _ => std::task::Poll::Pending,
+            }
+        })
+        .await
+        .ok_or(Error::Timeout(timeout))??;
         let module_limit = slot.peek().options.max_reply_size;
         let limit = module_limit
             .map_or(self.config.max_message_size, |l| {
