@@ -89,7 +89,9 @@ pub struct NodeConfig {
     /// Largest linear memory any key may have; a module's `memory_limit` must
     /// not exceed it (it sizes each slot of the instance pool).
     pub max_memory_per_key: ByteSize,
-    /// How long a call waits for a reply before it fails with `timeout`.
+    /// How long a call waits for a reply before it fails with `timeout`,
+    /// counted from when the call first waits: a call that runs on its
+    /// caller's task (an idle key) may first run one slice, an epoch tick.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
     /// Longest a deploy waits for its component to compile; a slower one is
