@@ -90,7 +90,15 @@ impl Runtime {
             None => None,
         };
 
-        let scheduler = Arc::new(Scheduler::new(guest_threads(config.guest_threads)));
+        let weights = config
+            .tenant_cpu_weights
+            .iter()
+            .map(|(tenant, weight)| (Arc::from(tenant.as_str()), *weight))
+            .collect();
+        let scheduler = Arc::new(Scheduler::new(
+            guest_threads(config.guest_threads),
+            weights,
+        ));
         let ticker = EpochTicker::start(engine.clone(), scheduler.clone(), config.epoch_tick);
         let trimmer = HeapTrimmer::start(&engine, TRIM_PERIOD, TRIM_MIN_DROP)?;
         Ok(Runtime {

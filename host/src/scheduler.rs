@@ -13,11 +13,13 @@
 //! [`Scheduler`] decides the order in which long callbacks continue. Every
 //! running callback yields at each epoch tick; a callback that yields waits
 //! for a *turn* before it runs its next slice, and at most `slices` turns
-//! (the pool's threads) are out at once. Turns go by weighted fair queueing
-//! with equal weights, first between tenants, then between the keys of a
-//! tenant: each tenant and each key has a virtual time, the slices it was
-//! granted; the waiting tenant with the lowest virtual time gets the next
-//! turn, for its waiting key with the lowest. A tenant (or key) that starts
+//! (the pool's threads) are out at once. Turns go by weighted fair queueing,
+//! first between tenants (each with its weight, the node's
+//! `tenant_cpu_weights`, default 1), then between the keys of a tenant
+//! (equal): each tenant and each key has a virtual time, the slices it was
+//! granted divided by its weight; the waiting tenant with the lowest virtual
+//! time gets the next turn, for its waiting key with the lowest. A tenant of
+//! weight 3 contending with one of weight 1 gets three turns to its one. A tenant (or key) that starts
 //! waiting after an idle spell starts at the virtual time of the last turn
 //! granted, so idling banks no credit. Callbacks that finish within their
 //! first slice never wait for a turn: short calls stay short however many
@@ -29,7 +31,7 @@
 //! This module must not decide whether a key may run at all: budgets over
 //! time are [`crate::cpu_budget`]'s, kills and fences `key/`'s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -125,6 +127,12 @@ pub(crate) fn guest_threads(configured: u32) -> usize {
 /// keeps its turn, so the order holds under load.
 const TURN_RECLAIM_TICKS: u64 = 100;
 
+/// A tenant's virtual time advances by `VTIME_PER_TURN / weight` per turn
+/// (stride scheduling); with weights up to
+/// [`crate::config::MAX_TENANT_CPU_WEIGHT`] the rounding is under one part
+/// in four million.
+const VTIME_PER_TURN: u64 = 1 << 32;
+
 /// One key's place in the scheduler: its virtual time and the turn it holds.
 #[derive(Default)]
 pub(crate) struct Seat {
@@ -141,6 +149,8 @@ pub(crate) struct Seat {
 pub(crate) struct Scheduler {
     /// Turns out at once at most: the number of guest threads.
     slices: usize,
+    /// Each named tenant's weight; any other tenant's is 1.
+    weights: HashMap<Arc<str>, u32>,
     state: Mutex<State>,
 }
 
@@ -158,9 +168,10 @@ struct State {
     floor: u64,
 }
 
-#[derive(Default)]
 struct TenantQueue {
     vtime: u64,
+    /// What one turn adds to `vtime`: [`VTIME_PER_TURN`] over the weight.
+    stride: u64,
     /// The key virtual time of this tenant's last turn.
     key_floor: u64,
     /// Waiting callbacks: (key virtual time, arrival) → waiter.
@@ -173,11 +184,26 @@ struct Waiter {
 }
 
 impl Scheduler {
-    /// A scheduler handing out at most `slices` turns at once.
-    pub(crate) fn new(slices: usize) -> Scheduler {
+    /// A scheduler handing out at most `slices` turns at once, between
+    /// tenants in proportion to `weights` (a tenant not named weighs 1; a
+    /// weight is clamped to 1 ..= `MAX_TENANT_CPU_WEIGHT`).
+    pub(crate) fn new(slices: usize, weights: HashMap<Arc<str>, u32>) -> Scheduler {
         Scheduler {
             slices: slices.max(1),
+            weights,
             state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The queue of a tenant seen for the first time.
+    fn new_queue(&self, tenant: &str) -> TenantQueue {
+        let weight = self.weights.get(tenant).copied().unwrap_or(1);
+        let weight = weight.clamp(1, crate::config::MAX_TENANT_CPU_WEIGHT);
+        TenantQueue {
+            vtime: 0,
+            stride: VTIME_PER_TURN / u64::from(weight),
+            key_floor: 0,
+            waiting: BTreeMap::new(),
         }
     }
 
@@ -221,7 +247,11 @@ impl Scheduler {
             let arrival = state.next_turn;
             state.next_turn += 1;
             let floor = state.floor;
-            let queue = state.tenants.entry(tenant.clone()).or_default();
+            if !state.tenants.contains_key(tenant) {
+                let queue = self.new_queue(tenant);
+                state.tenants.insert(tenant.clone(), queue);
+            }
+            let queue = state.tenants.get_mut(tenant).expect("inserted above");
             if queue.waiting.is_empty() {
                 // Back from idling: no banked credit.
                 queue.vtime = queue.vtime.max(floor);
@@ -282,7 +312,7 @@ impl Scheduler {
                 return;
             };
             let tenant_vtime = queue.vtime;
-            queue.vtime += 1;
+            queue.vtime += queue.stride;
             queue.key_floor = key_vtime;
             state.floor = tenant_vtime;
             waiter.seat.vtime.store(key_vtime + 1, Ordering::Relaxed);
@@ -359,7 +389,7 @@ mod tests {
 
     #[test]
     fn a_tenant_with_many_waiting_keys_gets_no_more_turns_than_one_with_one() {
-        let scheduler = Arc::new(Scheduler::new(1));
+        let scheduler = Arc::new(Scheduler::new(1, HashMap::new()));
         // Tenant `many` has 8 callbacks waiting, `few` 2, all arriving
         // before `few`'s: turns alternate between the tenants.
         let mut waiting = seats("many", 8);
@@ -374,8 +404,21 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_of_weight_three_gets_three_turns_to_one_of_weight_one() {
+        let weights = HashMap::from([(Arc::from("gold"), 3)]);
+        let scheduler = Arc::new(Scheduler::new(1, weights));
+        // Both tenants keep 12 callbacks waiting; `bronze`'s arrive first.
+        let mut waiting = seats("bronze", 12);
+        waiting.extend(seats("gold", 12));
+        let order = drain_order(&scheduler, waiting);
+        let first: Vec<_> = order.iter().take(16).cloned().collect();
+        let gold = first.iter().filter(|t| *t == "gold").count();
+        assert_eq!(gold, 12, "of the first 16 turns gold got {gold}: {first:?}");
+    }
+
+    #[test]
     fn turns_out_never_exceed_the_slices_and_old_ones_are_reclaimed() {
-        let scheduler = Arc::new(Scheduler::new(2));
+        let scheduler = Arc::new(Scheduler::new(2, HashMap::new()));
         let waiting = seats("t", 4);
         let mut futures: Vec<_> = waiting
             .iter()

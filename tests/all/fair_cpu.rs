@@ -4,7 +4,8 @@
 //! - Over real HTTP, a victim key answers while keys of another module spin:
 //!   guest code runs on the guest threads, never on the API's workers.
 //! - Turns go fairly between tenants: a tenant with one spinning key gets
-//!   about as much of the guest threads as a tenant with four.
+//!   about as much of the guest threads as a tenant with four; a tenant of
+//!   weight 3 about three times as much as one of weight 1.
 //! - A key whose timer re-arms at 0 ms is held to its `cpu_budget`, and is
 //!   throttled, not killed, while another key's calls keep answering.
 //! - A tenant's keys together are held to the node's `cpu_budget_per_tenant`,
@@ -163,6 +164,57 @@ async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
         share > 0.35,
         "globex's one key got {:.0} % of the guest thread against acme's four keys \
          ({globex:.3} s vs {acme:.3} s); a fair share is 50 %, a FIFO gives 20 %",
+        share * 100.0
+    );
+}
+
+/// Issue 17 item 1, weighted shares: on one guest thread, tenant `gold`
+/// (weight 3 in `tenant_cpu_weights`) and tenant `bronze` (weight 1) each
+/// keep one key spinning; `gold` gets about three quarters of the thread
+/// (equal weights give half). Measured as a share, like the test above.
+#[tokio::test]
+async fn a_tenant_of_weight_three_gets_about_three_times_the_cpu_of_one_of_weight_one() {
+    let config = NodeConfig {
+        guest_threads: 1,
+        tenant_cpu_weights: [("gold".to_owned(), 3)].into(),
+        ..test_config()
+    };
+    let spin = spinner_options(Duration::from_secs(60));
+    let node = Arc::new(
+        node_with_options(
+            config,
+            &[
+                ("gold/spin", guests::HOSTILE, spin.clone()),
+                ("bronze/spin", guests::HOSTILE, spin),
+            ],
+        )
+        .await,
+    );
+    let gold_keys = keep_spinning(&node, "gold/spin", &names("g", 1));
+    let bronze_keys = keep_spinning(&node, "bronze/spin", &names("b", 1));
+    let cpu = |module: &str| {
+        node.status()
+            .modules
+            .iter()
+            .find(|m| m.name == module)
+            .map_or(0.0, |m| m.cpu_seconds)
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (gold_0, bronze_0) = (cpu("gold/spin"), cpu("bronze/spin"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (gold, bronze) = (cpu("gold/spin") - gold_0, cpu("bronze/spin") - bronze_0);
+    gold_keys.abort();
+    bronze_keys.abort();
+    let share = gold / (gold + bronze);
+    eprintln!("CPU over 2 s: gold (weight 3) {gold:.3} s, bronze (weight 1) {bronze:.3} s");
+    assert!(
+        gold + bronze > 0.1,
+        "the spinners hardly ran ({gold:.3} s, {bronze:.3} s)"
+    );
+    assert!(
+        share > 0.62,
+        "gold (weight 3) got {:.0} % of the guest thread against bronze (weight 1) \
+         ({gold:.3} s vs {bronze:.3} s); its weighted share is 75 %, an equal one 50 %",
         share * 100.0
     );
 }

@@ -41,6 +41,12 @@ pub use names::{validate_key, validate_module_name, validate_qualified_module_na
 /// Longest key name, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
 
+/// The largest weight `tenant_cpu_weights` may give a tenant.
+pub const MAX_TENANT_CPU_WEIGHT: u32 = 1000;
+
+/// Most tenants `tenant_cpu_weights` may name.
+pub const MAX_TENANT_CPU_WEIGHTS: usize = 10_000;
+
 /// Configuration of one node (one instance of a namespace).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -188,6 +194,12 @@ pub struct NodeConfig {
     /// burst.
     #[serde(with = "humantime_serde")]
     pub cpu_budget_per_tenant_window: Duration,
+    /// Each named tenant's weight when tenants contend for the guest
+    /// threads (1 to 1000; a tenant not named, and modules of no tenant,
+    /// weigh 1): a tenant of weight 3 gets three turns to one of weight 1's
+    /// ([`crate::scheduler`]). Weights share the cores only while they are
+    /// contended; a budget over time is `cpu_budget_per_tenant`.
+    pub tenant_cpu_weights: std::collections::BTreeMap<String, u32>,
     /// Where keys' durable state is kept (`fief:key/storage`): `embedded`
     /// (a redb file, `state.redb` in `data_dir`; in memory without a
     /// `data_dir`), `memory` (in memory, lost when the node stops: for
@@ -257,6 +269,7 @@ impl Default for NodeConfig {
             guest_thread_nice: 10,
             cpu_budget_per_tenant: None,
             cpu_budget_per_tenant_window: Duration::from_secs(1),
+            tenant_cpu_weights: std::collections::BTreeMap::new(),
             storage: None,
             data_dir: None,
             max_storage_bytes_per_tenant: ByteSize::gib(1),
@@ -366,6 +379,24 @@ impl NodeConfig {
                 "cpu_budget_per_tenant_window ({:?}) must be between 10ms and 1m",
                 self.cpu_budget_per_tenant_window
             ));
+        }
+        if self.tenant_cpu_weights.len() > MAX_TENANT_CPU_WEIGHTS {
+            return bad(format!(
+                "tenant_cpu_weights names {} tenants; at most {MAX_TENANT_CPU_WEIGHTS}",
+                self.tenant_cpu_weights.len()
+            ));
+        }
+        for (tenant, weight) in &self.tenant_cpu_weights {
+            if validate_module_name(tenant).is_err() {
+                return bad(format!(
+                    "tenant_cpu_weights: tenant name {tenant:?} must be 1 to 128 letters, digits, '_', '-' or '.' (no '/')"
+                ));
+            }
+            if !(1..=MAX_TENANT_CPU_WEIGHT).contains(weight) {
+                return bad(format!(
+                    "tenant_cpu_weights: {tenant}'s weight ({weight}) must be between 1 and {MAX_TENANT_CPU_WEIGHT}"
+                ));
+            }
         }
         if self.max_host_bytes_per_tenant < self.max_message_size {
             return bad(format!(
@@ -540,5 +571,29 @@ mod tests {
         assert!(validate_qualified_module_name("a/b").is_ok());
         assert!(validate_qualified_module_name("a/b/c").is_err());
         assert!(validate_qualified_module_name("/b").is_err());
+    }
+
+    #[test]
+    fn tenant_cpu_weights_past_their_bounds_are_refused_with_the_bound() {
+        let with = |tenant: &str, weight: u32| NodeConfig {
+            tenant_cpu_weights: [(tenant.to_owned(), weight)].into(),
+            ..NodeConfig::default()
+        };
+        assert!(with("acme", 1).validate().is_ok());
+        assert!(with("acme", MAX_TENANT_CPU_WEIGHT).validate().is_ok());
+        let err = with("acme", 0).validate().unwrap_err().to_string();
+        assert!(err.contains("between 1 and 1000"), "{err}");
+        let err = with("acme", 1001).validate().unwrap_err().to_string();
+        assert!(err.contains("acme's weight (1001)"), "{err}");
+        let err = with("a/b", 2).validate().unwrap_err().to_string();
+        assert!(err.contains("tenant name \"a/b\""), "{err}");
+        let many = NodeConfig {
+            tenant_cpu_weights: (0..=MAX_TENANT_CPU_WEIGHTS)
+                .map(|i| (format!("t{i}"), 1))
+                .collect(),
+            ..NodeConfig::default()
+        };
+        let err = many.validate().unwrap_err().to_string();
+        assert!(err.contains("at most 10000"), "{err}");
     }
 }

@@ -98,6 +98,16 @@ pub(crate) struct NodeArgs {
     /// The window of `--cpu-budget-per-tenant` (10ms to 1m; default 1s).
     #[arg(long, env = "FIEF_CPU_BUDGET_PER_TENANT_WINDOW", value_parser = humantime::parse_duration)]
     pub(crate) cpu_budget_per_tenant_window: Option<Duration>,
+    /// A tenant's weight when tenants contend for the guest threads,
+    /// `TENANT=WEIGHT` (1 to 1000; repeatable; in the environment,
+    /// comma-separated); a tenant not named weighs 1.
+    #[arg(
+        long = "tenant-cpu-weight",
+        env = "FIEF_TENANT_CPU_WEIGHTS",
+        value_name = "TENANT=WEIGHT",
+        value_delimiter = ','
+    )]
+    pub(crate) tenant_cpu_weights: Vec<String>,
     /// Threads that run guest code, apart from the API's (default 0: one
     /// per core).
     #[arg(long, env = "FIEF_GUEST_THREADS")]
@@ -234,6 +244,17 @@ pub(crate) fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         // Compile in a process of this binary the node can kill and cap.
         config.compile_worker =
             Some(std::env::current_exe().context("finding this executable for compile_worker")?);
+    }
+    for pair in &args.tenant_cpu_weights {
+        let (tenant, weight) = pair
+            .split_once('=')
+            .with_context(|| format!("--tenant-cpu-weight {pair:?}: expected TENANT=WEIGHT"))?;
+        let weight = weight.trim().parse().with_context(|| {
+            format!("--tenant-cpu-weight {pair:?}: the weight must be a whole number, 1 to 1000")
+        })?;
+        config
+            .tenant_cpu_weights
+            .insert(tenant.trim().to_owned(), weight);
     }
     for ceiling in &args.module_ceilings {
         let (name, value) = ceiling
