@@ -157,9 +157,12 @@ pub enum Error {
         /// The tenant.
         tenant: String,
     },
-    /// The module already has its maximum number of live keys on this node.
+    /// The module already has its maximum number of live keys on this node,
+    /// and none of them is idle (none could be evicted).
     #[error(
-        "module {module:?} already has {limit} live keys on this node (max_live_keys); retry later or raise the limit"
+        "module {module:?} already has {limit} live keys on this node (max_live_keys) and every one is busy \
+         (in a callback, with messages queued, or with a timer armed), so none could be evicted to make room; \
+         retry later or raise the limit"
     )]
     TooManyKeys {
         /// The module.
@@ -168,13 +171,15 @@ pub enum Error {
         limit: u32,
     },
     /// The node's instance pool has no free slot of some kind for a new
-    /// key: the module's components need more pool slots per key (core
+    /// key, and no idle key could be evicted for one: every live key is
+    /// busy, or the module's components need more pool slots per key (core
     /// instances, memories, tables) than the pool sets aside per
-    /// `max_live_keys`, so the pool ran out before the key count did.
+    /// `max_live_keys`.
     #[error(
-        "cannot start a key of module {module:?}: this node's instance pool is full ({detail}); the pool \
-         sets aside 4 core instances, 2 memories and 4 tables per key of the node's max_live_keys and \
-         this module's keys use more; raise the node's max_live_keys or stop idle keys"
+        "cannot start a key of module {module:?}: this node's instance pool is full ({detail}) and no idle \
+         key could be evicted to make room: every live key is busy, or this module's keys need more than \
+         the 4 core instances, 2 memories and 4 tables the pool sets aside per key of the node's \
+         max_live_keys; retry later or raise the node's max_live_keys"
     )]
     PoolFull {
         /// The module.

@@ -17,7 +17,7 @@
 //! the key layer's.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -49,8 +49,16 @@ pub(crate) struct Runtime {
     pub(crate) compile_cache: Option<CompileCache>,
     /// The order long callbacks continue in, one turn per guest thread.
     pub(crate) scheduler: Arc<Scheduler>,
-    _ticker: EpochTicker,
+    ticker: EpochTicker,
     _trimmer: HeapTrimmer,
+}
+
+impl Runtime {
+    /// Epoch ticks so far: a coarse clock with no clock read (recency of
+    /// keys' use, for eviction), advanced by the ticker thread.
+    pub(crate) fn ticks(&self) -> u64 {
+        self.ticker.ticks.load(Ordering::Relaxed)
+    }
 }
 
 impl Runtime {
@@ -95,10 +103,7 @@ impl Runtime {
             .iter()
             .map(|(tenant, weight)| (Arc::from(tenant.as_str()), *weight))
             .collect();
-        let scheduler = Arc::new(Scheduler::new(
-            guest_threads(config.guest_threads),
-            weights,
-        ));
+        let scheduler = Arc::new(Scheduler::new(guest_threads(config.guest_threads), weights));
         let ticker = EpochTicker::start(engine.clone(), scheduler.clone(), config.epoch_tick);
         let trimmer = HeapTrimmer::start(&engine, TRIM_PERIOD, TRIM_MIN_DROP)?;
         Ok(Runtime {
@@ -106,7 +111,7 @@ impl Runtime {
             linker,
             compile_cache,
             scheduler,
-            _ticker: ticker,
+            ticker,
             _trimmer: trimmer,
         })
     }
@@ -187,20 +192,24 @@ fn memory_slots(config: &NodeConfig) -> Result<u32> {
 /// scheduler, until dropped.
 struct EpochTicker {
     stop: Arc<AtomicBool>,
+    ticks: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl EpochTicker {
     fn start(engine: Engine, scheduler: Arc<Scheduler>, tick: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let ticks = Arc::new(AtomicU64::new(0));
         let thread = {
             let stop = stop.clone();
+            let ticks = ticks.clone();
             std::thread::Builder::new()
                 .name("fief-epoch".to_owned())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(tick);
                         engine.increment_epoch();
+                        ticks.fetch_add(1, Ordering::Relaxed);
                         scheduler.tick();
                     }
                 })
@@ -208,6 +217,7 @@ impl EpochTicker {
         };
         EpochTicker {
             stop,
+            ticks,
             thread: Some(thread),
         }
     }

@@ -14,6 +14,7 @@ mod config;
 mod counter_history;
 mod dashboard;
 mod deploy;
+mod eviction;
 mod fair_cpu;
 mod fence_modes;
 mod handoff;

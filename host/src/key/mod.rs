@@ -28,11 +28,14 @@
 //!   gate, the epoch callback, the guest's callbacks, why it died;
 //! - `slot.rs`: a module's table of live keys (`ModuleSlot`): delivery and
 //!   activation, the fence sweep, kills, retirement;
+//! - `eviction.rs`: which idle key retires when a module's or the node's
+//!   budget of live keys is reached (least recently used first);
 //! - `inline.rs`: a routed call run on its caller's task while the key is
 //!   idle, and its hand-over to the key's task;
 //! - `task.rs`: the task that owns one key process and runs its message loop;
 //! - `storage.rs`: a process's durable state and its output gate.
 
+mod eviction;
 mod inline;
 mod process;
 mod services;
@@ -42,7 +45,7 @@ mod task;
 
 use std::pin::Pin;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::futures::Notified;
@@ -58,6 +61,7 @@ pub use services::KeyLifeObserver;
 pub(crate) use services::{KeyNode, KeyServices, NodeFuture};
 pub use slot::LiveKey;
 pub(crate) use slot::ModuleSlot;
+
 pub(crate) use storage::Output;
 
 /// The kill switch of one key process.
@@ -98,6 +102,41 @@ pub(crate) struct KeyControl {
     /// Set by the epoch callback when an inline call used its first slice:
     /// its caller hands it to the key's task (see [`InlineCall`](inline::InlineCall)).
     demote: AtomicBool,
+    /// An eviction order ([`Eviction`] as a number; 0: none), set under
+    /// the key-table lock by the slot that chose the key as the least
+    /// recently used idle one (see `slot.rs`, `evict_one`).
+    evict: AtomicU8,
+}
+
+/// Why a live key was evicted: the `cause` of `fief_keys_evicted_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Eviction {
+    /// Its `idle_timeout` passed with no message.
+    Idle = 1,
+    /// Its module's `max_live_keys` was reached by another key's activation.
+    ModuleBudget = 2,
+    /// The node's instance pool (`max_live_keys` of the node) was full.
+    NodeBudget = 3,
+}
+
+impl Eviction {
+    /// The metric label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Eviction::Idle => "idle",
+            Eviction::ModuleBudget => "module_budget",
+            Eviction::NodeBudget => "node_budget",
+        }
+    }
+
+    fn from_u8(n: u8) -> Option<Eviction> {
+        match n {
+            1 => Some(Eviction::Idle),
+            2 => Some(Eviction::ModuleBudget),
+            3 => Some(Eviction::NodeBudget),
+            _ => None,
+        }
+    }
 }
 
 impl Default for KeyControl {
@@ -117,6 +156,7 @@ impl Default for KeyControl {
             death: Mutex::new(None),
             inline_calls: AtomicU64::new(0),
             demote: AtomicBool::new(false),
+            evict: AtomicU8::new(0),
         }
     }
 }
@@ -131,6 +171,23 @@ impl KeyControl {
             self.fence_ordered.store(true, Ordering::SeqCst);
             self.changed.notify_waiters();
         }
+    }
+
+    /// Order the key's task to retire the key at its next idle moment.
+    fn order_eviction(&self, cause: Eviction) {
+        self.evict.store(cause as u8, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// The pending eviction order, if any.
+    fn eviction(&self) -> Option<Eviction> {
+        Eviction::from_u8(self.evict.load(Ordering::SeqCst))
+    }
+
+    /// Drop a pending eviction order (the key cannot retire: see
+    /// `ModuleSlot::eviction_abandoned`).
+    fn cancel_eviction(&self) {
+        self.evict.store(0, Ordering::SeqCst);
     }
 
     pub(crate) fn is_survivor(&self) -> bool {

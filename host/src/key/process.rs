@@ -272,7 +272,7 @@ impl KeyProcess {
         services: &KeyServices,
         module: &CompiledModule,
         env: Arc<KeyEnv>,
-        handoff: Option<Vec<u8>>,
+        handoff: Option<&[u8]>,
         (cpu, seat): (Arc<CpuMeter>, Arc<Seat>),
     ) -> Result<Self> {
         let options = &module.options;
@@ -419,7 +419,7 @@ impl KeyProcess {
         let init = process
             .guest
             .fief_key_lifecycle()
-            .call_init(&mut process.store, &env.key, handoff.as_deref())
+            .call_init(&mut process.store, &env.key, handoff)
             .await;
         match process.settle(init).await {
             Ok(Ok(())) => Ok(process),

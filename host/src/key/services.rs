@@ -68,6 +68,11 @@ pub(crate) trait KeyNode: Send + Sync {
         token: OwnershipToken,
     ) -> Result<Option<Vec<u8>>>;
 
+    /// The instance pool is full: order the least recently used idle key of
+    /// any module to retire. Returns whether room is coming (an eviction
+    /// ordered now or still in flight); false when every live key is busy.
+    fn evict_for_pool(&self) -> bool;
+
     /// Whether `module` is deployed here (a held cast is checked now, sent
     /// after its commit).
     fn has_module(&self, module: &str) -> bool;
@@ -116,6 +121,9 @@ pub(crate) struct KeyServices {
     pub(crate) tenant_cpu: TenantCpuMeters,
     /// Counters and histograms for `GET /metrics`.
     pub(crate) metrics: Metrics,
+    /// Notified when a key's store is dropped (a pool slot freed), for the
+    /// starts waiting for one (`task.rs`, `start_in_pool`).
+    pub(crate) pool_freed: tokio::sync::Notify,
     /// The pipeline to the store of keys' durable state (group commit).
     pub(crate) storage: Arc<StorageWriter>,
     /// The lease's fence point as the membership publishes it, read by the

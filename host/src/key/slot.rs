@@ -4,14 +4,16 @@
 //! first when it has no live process (under the table's lock, after the
 //! node admitted the activation), the choice of running a routed call inline
 //! (`try_inline`), the fence sweep (`fence_keys`: kill, or hand to limbo),
-//! kills by partition, graceful stops, and an idle key's retirement. **An
+//! kills by partition, graceful stops, and an idle key's retirement. The
+//! table keeps its entries in use order (least recently used first) for
+//! eviction (`eviction.rs` chooses the victims). **An
 //! entry is removed only by its key's own task after its store was
 //! dropped** (`remove_if_current`, `retired`). It must not run guest code
 //! itself: the key's task (`task.rs`) or an inline call (`inline.rs`) does.
 
 use arc_swap::ArcSwap;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use lru::LruCache;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -21,7 +23,7 @@ use tokio::sync::oneshot;
 use super::inline::{InlineCall, InlineFuture, run_inline};
 use super::process::{ProcessCell, ProcessGuard};
 use super::task::run_key;
-use super::{Envelope, KeyControl, KeyEnv, KeyServices, Via, lock};
+use super::{Envelope, Eviction, KeyControl, KeyEnv, KeyServices, Via, lock};
 use crate::bindings::types::StopReason;
 use crate::cpu_budget::CpuMeter;
 use crate::error::{Error, Result};
@@ -33,15 +35,23 @@ use crate::module::CompiledModule;
 
 /// A live key's entry in its module's table.
 pub(crate) struct KeyHandle {
-    tx: Mailbox,
-    process: Arc<ProcessCell>,
-    control: Arc<KeyControl>,
-    generation: u64,
+    pub(super) tx: Mailbox,
+    pub(super) process: Arc<ProcessCell>,
+    pub(super) control: Arc<KeyControl>,
+    pub(super) generation: u64,
     started_at: SystemTime,
     partition: PartitionId,
     on_fence: OnFence,
     handle_fence_deadline: Duration,
+    /// The node's epoch tick at the key's last routed message.
+    pub(super) last_used: u64,
+    /// Ordered to retire by an eviction (not counted against the module's
+    /// `max_live_keys` meanwhile).
+    pub(super) evicting: bool,
 }
+
+/// A module's live keys, least recently used first.
+pub(super) type KeyTable = LruCache<Box<str>, KeyHandle>;
 
 /// A deployed module name: its current version and its live keys.
 ///
@@ -52,7 +62,13 @@ pub(crate) struct ModuleSlot {
     pub(crate) name: Arc<str>,
     /// Read on every call (its limits): an `ArcSwap`, lock-free.
     current: ArcSwap<CompiledModule>,
-    keys: Mutex<HashMap<Box<str>, KeyHandle>>,
+    pub(super) keys: Mutex<KeyTable>,
+    /// Entries of `keys` ordered to retire by an eviction (changed under
+    /// the table's lock).
+    pub(super) evicting: AtomicUsize,
+    /// Keys evicted lately (at most `RECENTLY_EVICTED`), to count their
+    /// reactivations.
+    pub(super) recently_evicted: Mutex<LruCache<Box<str>, ()>>,
     next_generation: AtomicU64,
     /// `fief_calls_inline_total{module}`.
     inline_calls: CallCounter,
@@ -82,7 +98,9 @@ impl ModuleSlot {
         ModuleSlot {
             name: Arc::from(name),
             current: ArcSwap::from_pointee(module),
-            keys: Mutex::new(HashMap::new()),
+            keys: Mutex::new(LruCache::unbounded()),
+            evicting: AtomicUsize::new(0),
+            recently_evicted: Mutex::new(LruCache::new(super::eviction::RECENTLY_EVICTED)),
             next_generation: AtomicU64::new(1),
             inline_calls,
         }
@@ -111,8 +129,8 @@ impl ModuleSlot {
     /// Messages waiting in the mailboxes of this module's live keys.
     pub(crate) fn queued(&self) -> usize {
         lock(&self.keys)
-            .values()
-            .map(|h| h.tx.max_capacity() - h.tx.capacity())
+            .iter()
+            .map(|(_, h)| h.tx.max_capacity() - h.tx.capacity())
             .sum()
     }
 
@@ -142,26 +160,32 @@ impl ModuleSlot {
         self.deliver_in(
             &mut lock(&self.keys),
             services,
-            key,
-            partition,
-            token,
+            (key, partition, token),
             envelope,
+            false,
         )
     }
 
     /// [`deliver`](Self::deliver) under the key-table lock, held as `keys`.
+    /// `replacing`: the messages of a key that just retired, for its next
+    /// process (its slot in the budget was its own a moment ago: no
+    /// eviction is needed, and none is refused for the budget).
     fn deliver_in(
         self: &Arc<Self>,
-        keys: &mut HashMap<Box<str>, KeyHandle>,
+        keys: &mut KeyTable,
         services: &Arc<KeyServices>,
-        key: &str,
-        partition: PartitionId,
-        token: OwnershipToken,
+        (key, partition, token): (&str, PartitionId, OwnershipToken),
         envelope: Envelope,
+        replacing: bool,
     ) -> Result<()> {
-        let envelope = match keys.get(key) {
+        let now = services.runtime.ticks();
+        let envelope = match keys.get_mut(key) {
             Some(handle) => match handle.tx.try_send(envelope) {
-                Ok(()) => return Ok(()),
+                Ok(()) if handle.evicting => return Ok(()),
+                Ok(()) => {
+                    handle.last_used = now;
+                    return Ok(());
+                }
                 // The process is gone but its entry not yet removed: its
                 // task removes it under this lock right after the store is
                 // dropped, so it is safe to replace here.
@@ -172,7 +196,13 @@ impl ModuleSlot {
         };
         let module = self.current();
         let options = &module.options;
-        if keys.len() >= options.max_live_keys as usize {
+        // Past the budget, the least recently used idle key makes room (it
+        // retires while this one starts; only busy keys refuse).
+        let evicting = self.evicting.load(Ordering::Relaxed);
+        if !replacing
+            && keys.len().saturating_sub(evicting) >= options.max_live_keys as usize
+            && !self.evict_one(keys, Eviction::ModuleBudget)
+        {
             return Err(Error::TooManyKeys {
                 module: self.name.to_string(),
                 limit: options.max_live_keys,
@@ -223,7 +253,10 @@ impl ModuleSlot {
             .clone()
             .try_lock_owned()
             .unwrap_or_else(|_| unreachable!("a new cell is unlocked"));
-        keys.insert(
+        if lock(&self.recently_evicted).pop(key).is_some() {
+            services.metrics.reactivated(&self.name);
+        }
+        keys.put(
             Box::from(key),
             KeyHandle {
                 tx,
@@ -234,6 +267,8 @@ impl ModuleSlot {
                 partition,
                 on_fence: options.on_fence,
                 handle_fence_deadline: options.handle_fence_deadline,
+                last_used: now,
+                evicting: false,
             },
         );
         services.tasks.spawn_on(
@@ -270,7 +305,7 @@ impl ModuleSlot {
         via: Via,
     ) -> Result<Vec<u8>> {
         if via == Via::Routed
-            && let Some((process, control, cpu)) = self.try_inline(key)
+            && let Some((process, control, cpu)) = self.try_inline(key, services.runtime.ticks())
         {
             // For the event log, read before the check, as the key loop does.
             let checked_at = services.reports_events().then(std::time::Instant::now);
@@ -320,9 +355,18 @@ impl ModuleSlot {
 
     /// The key's process, if the key is live and idle: its mailbox is empty,
     /// its task is not processing a message, and no one else holds it.
-    fn try_inline(&self, key: &str) -> Option<(ProcessGuard, Arc<KeyControl>, Arc<CpuMeter>)> {
-        let keys = lock(&self.keys);
-        let handle = keys.get(key)?;
+    fn try_inline(
+        &self,
+        key: &str,
+        now: u64,
+    ) -> Option<(ProcessGuard, Arc<KeyControl>, Arc<CpuMeter>)> {
+        let mut keys = lock(&self.keys);
+        let handle = keys.get_mut(key)?;
+        // A key ordered to retire serves nothing more: its next process does.
+        if handle.evicting {
+            return None;
+        }
+        handle.last_used = now;
         // Mailbox first, then `receiving`: a message the task took out
         // before the mailbox was read is still flagged (see `receive`).
         if handle.tx.capacity() != handle.tx.max_capacity() {
@@ -344,7 +388,8 @@ impl ModuleSlot {
     /// Kill every live key whose partition `select` accepts. Returns how many.
     pub(crate) fn kill_where(&self, reason: &str, select: impl Fn(PartitionId) -> bool) -> usize {
         let keys = lock(&self.keys);
-        keys.values()
+        keys.iter()
+            .map(|(_, h)| h)
             .filter(|h| select(h.partition))
             .filter(|h| h.control.kill(reason))
             .count()
@@ -371,8 +416,8 @@ impl ModuleSlot {
             }
         }
         for name in survivors {
-            let mode = keys[&name].on_fence;
-            let handle = keys.remove(&name).expect("listed above");
+            let handle = self.take_entry(&mut keys, &name).expect("listed above");
+            let mode = handle.on_fence;
             let deadline = handle.handle_fence_deadline;
             let callback = (mode == OnFence::Callback).then_some(deadline);
             handle.control.fence(callback);
@@ -409,13 +454,13 @@ impl ModuleSlot {
 
     /// A live key's mailbox (its local handle on this node).
     pub(crate) fn mailbox(&self, key: &str) -> Option<Mailbox> {
-        lock(&self.keys).get(key).map(|h| h.tx.clone())
+        lock(&self.keys).peek(key).map(|h| h.tx.clone())
     }
 
     /// Kill one key. Returns whether it was live.
     pub(crate) fn kill(&self, key: &str, reason: &str) -> bool {
         lock(&self.keys)
-            .get(key)
+            .peek(key)
             .is_some_and(|h| h.control.kill(reason))
     }
 
@@ -426,7 +471,7 @@ impl ModuleSlot {
         reason: StopReason,
     ) -> Option<oneshot::Receiver<Result<Option<Vec<u8>>>>> {
         let keys = lock(&self.keys);
-        let handle = keys.get(key)?;
+        let handle = keys.peek(key)?;
         let (reply, rx) = oneshot::channel();
         // A stop must not be refused for a full mailbox: wait for room off
         // the lock.
@@ -446,13 +491,26 @@ impl ModuleSlot {
 
     /// The names of every live key, for a graceful shutdown.
     pub(crate) fn live_key_names(&self) -> Vec<String> {
-        lock(&self.keys).keys().map(|k| k.to_string()).collect()
+        lock(&self.keys)
+            .iter()
+            .map(|(k, _)| k.to_string())
+            .collect()
+    }
+
+    /// Remove `key`'s entry (under the table's lock, held as `keys`),
+    /// keeping the count of evictions in flight.
+    fn take_entry(&self, keys: &mut KeyTable, key: &str) -> Option<KeyHandle> {
+        let handle = keys.pop(key)?;
+        if handle.evicting {
+            self.evicting.fetch_sub(1, Ordering::Relaxed);
+        }
+        Some(handle)
     }
 
     pub(super) fn remove_if_current(&self, key: &str, generation: u64) {
         let mut keys = lock(&self.keys);
-        if keys.get(key).is_some_and(|h| h.generation == generation) {
-            keys.remove(key);
+        if keys.peek(key).is_some_and(|h| h.generation == generation) {
+            self.take_entry(&mut keys, key);
         }
     }
 
@@ -464,7 +522,7 @@ impl ModuleSlot {
     /// machine", guarantee 1).
     pub(super) fn may_retire(&self, key: &str, generation: u64, rx: &MailboxRx) -> bool {
         let keys = lock(&self.keys);
-        rx.is_empty() && keys.get(key).is_some_and(|h| h.generation == generation)
+        rx.is_empty() && keys.peek(key).is_some_and(|h| h.generation == generation)
     }
 
     /// A retired key's store was dropped: remove its entry and give the
@@ -483,13 +541,13 @@ impl ModuleSlot {
     ) {
         let mut keys = lock(&self.keys);
         let Some(handle) = keys
-            .get(&*env.key)
+            .peek(&*env.key)
             .filter(|h| h.generation == env.generation)
         else {
             return;
         };
         let partition = handle.partition;
-        keys.remove(&*env.key);
+        self.take_entry(&mut keys, &env.key);
         rx.close();
         while let Ok(envelope) = rx.try_recv() {
             match envelope {
@@ -498,9 +556,8 @@ impl ModuleSlot {
                 }
                 Envelope::Info(_) => {}
                 routed @ (Envelope::Call { .. } | Envelope::Cast { .. }) => {
-                    if let Err(error) =
-                        self.deliver_in(&mut keys, services, &env.key, partition, env.token, routed)
-                    {
+                    let to = (&*env.key, partition, env.token);
+                    if let Err(error) = self.deliver_in(&mut keys, services, to, routed, true) {
                         tracing::debug!(module = %self.name, key = %env.key, %error, "a message that arrived while the key retired was not delivered");
                     }
                 }

@@ -4,7 +4,8 @@
 //! This file owns the loop (`run_key`, `drive_key`): starting the process,
 //! taking messages from the mailbox one at a time in arrival order, finishing
 //! inline calls handed to it, the `handle-fence` order of a callback key, the
-//! idle timeout, throttling over the key's `cpu_budget`, the refusal of
+//! idle timeout and eviction orders (both retire the key the same way), a
+//! start that waits for a pool slot an eviction frees, throttling over the key's `cpu_budget`, the refusal of
 //! routed messages past the fence, and the end: the store dropped, then the
 //! key's entry removed, then its waiting senders answered. Everything it does
 //! is charged to the key's CPU meter. It must not touch the store's data
@@ -20,7 +21,9 @@ use tokio::sync::futures::Notified;
 use tokio::sync::oneshot;
 
 use super::process::{Death, KeyProcess, ProcessCell, ProcessGuard, caller_error};
-use super::{Envelope, KeyControl, KeyEnv, KeyLifeEvent, KeyNode, KeyServices, ModuleSlot, rearm};
+use super::{
+    Envelope, Eviction, KeyControl, KeyEnv, KeyLifeEvent, KeyNode, KeyServices, ModuleSlot, rearm,
+};
 use crate::bindings::types::{FenceDecision, StopReason};
 use crate::cpu_budget::{CpuMeter, poll_metered};
 use crate::error::{Error, Result};
@@ -36,8 +39,8 @@ enum Exit {
     Died(String),
     /// Stopped gracefully on request.
     Stopped,
-    /// Stopped for being idle: messages that came during its `terminate`
-    /// go to its next process.
+    /// Stopped for being idle (its idle timeout, or evicted): messages that
+    /// came during its `terminate` go to its next process.
     Retired,
 }
 
@@ -126,7 +129,7 @@ async fn drive_key(
         ))),
         // Boxed, like the other guest calls below: the task's own future
         // stays small (it lives as long as the key).
-        r = Box::pin(KeyProcess::start(&services, &module, env.clone(), handoff, cpu)) => r,
+        r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu)) => r,
     };
     match started {
         Ok(process) => {
@@ -213,6 +216,29 @@ async fn drive_key(
         }
         // Idle: let go of the process while waiting.
         drop(held.take());
+        if let Some(cause) = control.eviction() {
+            match try_retire(&cell, &slot, &env, &rx) {
+                Retire::Now(guard) => {
+                    let process = held.insert(guard).as_mut().expect("checked in try_retire");
+                    let _ = Box::pin(process.terminate(&StopReason::Idle)).await;
+                    services.metrics.evicted(&slot.name, cause.label());
+                    break Exit::Retired;
+                }
+                // A message came first: serve it, retire at the next idle
+                // moment (the order stays).
+                Retire::Busy if !rx.is_empty() => {}
+                // The process lock is taken for a moment (a chooser looking
+                // at the key, a demoted call on its way here): look again.
+                Retire::Busy => {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    continue;
+                }
+                Retire::Never => {
+                    control.cancel_eviction();
+                    slot.eviction_abandoned(&key, env.generation);
+                }
+            }
+        }
         let envelope = tokio::select! {
             biased;
             () = &mut changed => {
@@ -231,14 +257,11 @@ async fn drive_key(
                 idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
                 // Retire only with no timer armed and no inline call
                 // running, under the lock every sender takes.
-                if quiet
-                    && let Ok(guard) = cell.clone().try_lock_owned()
-                    && guard.as_ref().is_some_and(|p| p.timers_armed() == 0)
-                    && slot.may_retire(&key, env.generation, &rx)
-                {
-                    let process = held.insert(guard).as_mut().expect("checked above");
+                if quiet && let Retire::Now(guard) = try_retire(&cell, &slot, &env, &rx) {
+                    let process = held.insert(guard).as_mut().expect("checked in try_retire");
                     let _ = Box::pin(process.terminate(&StopReason::Idle)).await;
                     services.metrics.killed(&slot.name, "idle");
+                    services.metrics.evicted(&slot.name, Eviction::Idle.label());
                     break Exit::Retired;
                 }
                 continue;
@@ -327,8 +350,11 @@ async fn drive_key(
     // still holding the process ends soon: a kill interrupts it, and any
     // other exit happens only while no call runs.
     hold(&mut held, &cell, &control, &mut changed).await;
-    if let Some(guard) = held.as_mut() {
-        drop(guard.take());
+    if let Some(guard) = held.as_mut()
+        && guard.take().is_some()
+    {
+        // Its pool slot is free: a start waiting for one may go on.
+        services.pool_freed.notify_waiters();
     }
     drop(held);
     services.observe(&env.module, &key, KeyLifeEvent::Ended);
@@ -376,6 +402,71 @@ async fn drive_key(
 
 /// Take the key's process into `held` (if not held yet): wait for an inline
 /// call that holds it, finishing orphaned inline calls meanwhile.
+/// Whether an idle key may retire now (see [`try_retire`]).
+enum Retire {
+    /// Yes: the process, held.
+    Now(ProcessGuard),
+    /// Not now: a message or a call is in the way.
+    Busy,
+    /// Not as this process: it armed a timer, it has no process, or it is
+    /// no longer the key's current one.
+    Never,
+}
+
+/// May the key retire now: its process free and alive with no timer armed,
+/// its mailbox empty and it still the key's current process (checked under
+/// the table's lock every sender takes, see [`ModuleSlot::may_retire`]).
+fn try_retire(cell: &Arc<ProcessCell>, slot: &ModuleSlot, env: &KeyEnv, rx: &MailboxRx) -> Retire {
+    let Ok(guard) = cell.clone().try_lock_owned() else {
+        return Retire::Busy;
+    };
+    if guard.as_ref().is_none_or(|p| p.timers_armed() != 0) {
+        return Retire::Never;
+    }
+    if slot.may_retire(&env.key, env.generation, rx) {
+        Retire::Now(guard)
+    } else if rx.is_empty() {
+        Retire::Never
+    } else {
+        Retire::Busy
+    }
+}
+
+/// How long a key's start waits in all for pool slots freed by evictions
+/// before it is refused as `PoolFull`.
+const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Start the key's process; when the node's instance pool is full, have
+/// the node evict its least recently used idle key and wait for the slot
+/// (for at most [`POOL_WAIT`]). Refused `PoolFull` at once when no key can
+/// be evicted and none is being evicted: every live key is busy.
+async fn start_in_pool(
+    services: &Arc<KeyServices>,
+    module: &CompiledModule,
+    env: &Arc<KeyEnv>,
+    handoff: Option<&[u8]>,
+    cpu: (Arc<CpuMeter>, Arc<Seat>),
+) -> Result<KeyProcess> {
+    let deadline = tokio::time::Instant::now() + POOL_WAIT;
+    loop {
+        let freed = services.pool_freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        let full =
+            match KeyProcess::start(services, module, env.clone(), handoff, cpu.clone()).await {
+                Err(full @ Error::PoolFull { .. }) => full,
+                started => return started,
+            };
+        let room_coming = services.node().is_some_and(|node| node.evict_for_pool());
+        if !room_coming {
+            return Err(full);
+        }
+        if tokio::time::timeout_at(deadline, freed).await.is_err() {
+            return Err(full);
+        }
+    }
+}
+
 async fn hold<'a>(
     held: &mut Option<ProcessGuard>,
     cell: &Arc<ProcessCell>,

@@ -92,6 +92,8 @@ pub(crate) struct Metrics {
     activations: Family<Labels1, Counter>,
     inline_calls: Family<Labels1, CallCounter>,
     kills: Family<Labels2, Counter>,
+    evictions: Family<Labels2, Counter>,
+    reactivations: Family<Labels1, Counter>,
     calls: Family<Labels3, CallCounter>,
     call_seconds: Family<Labels1, LatencyHistogram>,
     compile_seconds: Family<Labels1, Histogram>,
@@ -159,6 +161,8 @@ impl Metrics {
         let activations = Family::<Labels1, Counter>::default();
         let inline_calls = Family::<Labels1, CallCounter>::default();
         let kills = Family::<Labels2, Counter>::default();
+        let evictions = Family::<Labels2, Counter>::default();
+        let reactivations = Family::<Labels1, Counter>::default();
         let calls = Family::<Labels3, CallCounter>::default();
         let call_seconds = Family::<Labels1, LatencyHistogram>::default();
         let compile_seconds =
@@ -198,6 +202,16 @@ impl Metrics {
             "key_kills",
             "Key processes ended by the host or by their limits, by module and cause (fence, cpu_limit, memory_limit, idle, moved, operator, shutdown, trap, other)",
             kills.clone(),
+        );
+        r.register(
+            "keys_evicted",
+            "Idle key processes retired with their state kept, by module and cause (idle: its idle_timeout; module_budget: the module's max_live_keys; node_budget: the node's instance pool)",
+            evictions.clone(),
+        );
+        r.register(
+            "keys_reactivated",
+            "Activations of keys this node evicted lately (the last 4096 per module), by module",
+            reactivations.clone(),
         );
         r.register(
             "calls",
@@ -363,6 +377,8 @@ impl Metrics {
             activations,
             inline_calls,
             kills,
+            evictions,
+            reactivations,
             calls,
             call_seconds,
             compile_seconds,
@@ -413,6 +429,21 @@ impl Metrics {
         self.inline_calls
             .get_or_create(&[("module", module.to_owned())])
             .clone()
+    }
+
+    /// A key of `module` was evicted (retired idle, its state kept) for
+    /// `cause` (`idle`, `module_budget`, `node_budget`).
+    pub(crate) fn evicted(&self, module: &str, cause: &'static str) {
+        self.evictions
+            .get_or_create(&[("module", module.to_owned()), ("cause", cause.to_owned())])
+            .inc();
+    }
+
+    /// A key of `module` this node evicted lately was activated again.
+    pub(crate) fn reactivated(&self, module: &str) {
+        self.reactivations
+            .get_or_create(&[("module", module.to_owned())])
+            .inc();
     }
 
     /// A key process of `module` ended for `cause` (see [`kill_cause`]).

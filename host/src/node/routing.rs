@@ -359,6 +359,21 @@ impl KeyNode for NodeShared {
         Ok(state)
     }
 
+    /// The oldest idle key of all modules goes: each module's table is
+    /// looked at on its own (never two locked at once), and the one whose
+    /// least recently used idle key was used longest ago evicts it.
+    fn evict_for_pool(&self) -> bool {
+        let modules = self.modules.load();
+        let mut by_age: Vec<_> = modules
+            .values()
+            .filter_map(|slot| slot.oldest_idle().map(|used| (used, slot)))
+            .collect();
+        by_age.sort_by_key(|(used, _)| *used);
+        // The oldest may have been used since it was looked at: the next.
+        by_age.iter().any(|(_, slot)| slot.evict_oldest())
+            || modules.values().any(|slot| slot.evictions_in_flight() > 0)
+    }
+
     fn has_module(&self, module: &str) -> bool {
         self.module(module).is_ok()
     }

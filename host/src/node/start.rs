@@ -211,6 +211,7 @@ impl InstanceBuilder {
                 host_bytes: TenantLedgers::new(host_bytes_per_tenant),
                 tenant_cpu,
                 metrics,
+                pool_freed: tokio::sync::Notify::new(),
                 storage,
                 observer: self.observer,
                 events: self.events,

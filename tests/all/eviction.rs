@@ -1,0 +1,252 @@
+//! Eviction: live processes as a cache of keys (issue 20 item 1,
+//! `docs/eviction.md`).
+//!
+//! - Past a module's `max_live_keys`, the least recently used idle key of
+//!   the module retires for the new one, and every key's stored state is
+//!   kept: a stored counter served round-robin over many more keys than
+//!   the budget counts right, with no refusal.
+//! - Past the node's instance pool, the least recently used idle key of any
+//!   module retires; the same.
+//! - Only busy keys refuse: with every live key in a callback, a new key is
+//!   refused naming the budget, and served once one is free; a key with an
+//!   armed timer is never a victim.
+//! - Messages racing evictions are served once, by one process at a time:
+//!   the single-ownership checker over every key life of a churning run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fief::{Error, Instance, ModuleOptions, NodeConfig};
+use fief_tests::{call_text, guests, metric_value, test_config};
+
+use crate::cluster::ownership_checker::{LifeRecorder, assert_single_ownership};
+
+fn budget(max_live_keys: u32) -> ModuleOptions {
+    ModuleOptions {
+        max_live_keys,
+        ..ModuleOptions::default()
+    }
+}
+
+/// Start a node with `modules`, recording every key life.
+async fn node_recording(
+    config: NodeConfig,
+    modules: &[(&str, &str, ModuleOptions)],
+) -> (Arc<Instance>, LifeRecorder) {
+    let lives = LifeRecorder::default();
+    let mut builder = Instance::builder(config).observer(lives.observer());
+    for (name, path, options) in modules {
+        builder = builder.module(name, guests::bytes(path), options.clone());
+    }
+    let node = builder.start().await.expect("node starts");
+    (Arc::new(node), lives)
+}
+
+async fn evicted(node: &Instance, module: &str, cause: &str) -> f64 {
+    let text = node.metrics_text().await;
+    metric_value(
+        &text,
+        &format!("fief_keys_evicted_total{{module=\"{module}\",cause=\"{cause}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Issue 20 item 1 and test "eviction under budget keeps every key's
+/// state": a stored counter with `max_live_keys = 4`, called round-robin
+/// over 40 keys three times. Each round every key answers its round number
+/// (its state came back from storage), nothing is refused, at most 4 keys
+/// (plus those retiring) are live at the end, and the evictions are counted
+/// with their cause. Without eviction the fifth key is refused
+/// `too_many_keys`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_a_modules_budget_keeps_every_keys_state() {
+    let (node, lives) = node_recording(
+        test_config(),
+        &[("stored", guests::STORED_COUNTER, budget(4))],
+    )
+    .await;
+    for round in 1..=3 {
+        for k in 0..40 {
+            let key = format!("k{k}");
+            let reply = call_text(&node, "stored", &key, "incr").await;
+            assert_eq!(reply, round.to_string(), "{key} in round {round}");
+        }
+    }
+    assert!(
+        evicted(&node, "stored", "module_budget").await >= 100.0,
+        "{}",
+        node.metrics_text().await
+    );
+    let reactivated = metric_value(
+        &node.metrics_text().await,
+        "fief_keys_reactivated_total{module=\"stored\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(reactivated >= 70.0, "reactivations counted: {reactivated}");
+    // Evictions finish: the table falls back to its budget.
+    let mut live = usize::MAX;
+    for _ in 0..200 {
+        live = node.keys().len();
+        if live <= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(live <= 4, "{live} keys live with max_live_keys = 4");
+    assert_single_ownership(&lives.events());
+}
+
+/// The node's instance pool (`max_live_keys = 4` of the node) is the
+/// budget: two modules' keys called round-robin, 12 each, three rounds; the
+/// oldest idle key of either module makes room. Without eviction the fifth
+/// key is refused `PoolFull`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_the_nodes_pool_keeps_every_keys_state() {
+    let config = NodeConfig {
+        max_live_keys: 4,
+        ..test_config()
+    };
+    let (node, lives) = node_recording(
+        config,
+        &[
+            ("a", guests::STORED_COUNTER, budget(100)),
+            ("b", guests::STORED_COUNTER, budget(100)),
+        ],
+    )
+    .await;
+    for round in 1..=3 {
+        for k in 0..12 {
+            for module in ["a", "b"] {
+                let key = format!("k{k}");
+                let reply = node
+                    .call(module, &key, b"incr".to_vec())
+                    .await
+                    .unwrap_or_else(|e| panic!("{module}/{key} in round {round}: {e}"));
+                assert_eq!(reply, round.to_string().into_bytes(), "{module}/{key}");
+            }
+        }
+    }
+    let by_pool =
+        evicted(&node, "a", "node_budget").await + evicted(&node, "b", "node_budget").await;
+    assert!(by_pool >= 60.0, "evictions for the pool: {by_pool}");
+    assert_single_ownership(&lives.events());
+}
+
+/// Only busy keys refuse. `max_live_keys = 2`: two keys spin in a callback
+/// (busy), so a third is refused `too_many_keys` naming the budget; a key
+/// with an armed timer is not a victim either. Once a spinner is killed,
+/// the third is served. Then with one idle key among the live ones, a new
+/// key evicts it rather than be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_busy_keys_refuse_and_the_refusal_names_the_budget() {
+    let node = Arc::new(
+        fief_tests::node_with_options(test_config(), &[("hostile", guests::HOSTILE, budget(2))])
+            .await,
+    );
+    // One key busy in a callback, one with an armed timer (its callback
+    // returned: it is idle but for the timer).
+    node.cast("hostile", "spinner", b"loop".to_vec())
+        .expect("cast");
+    assert_eq!(
+        call_text(&node, "hostile", "timed", "rearm-zero").await,
+        "armed"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let refused = node
+        .call("hostile", "third", b"ping".to_vec())
+        .await
+        .expect_err("every live key is busy or has a timer");
+    assert!(matches!(refused, Error::TooManyKeys { .. }), "{refused}");
+    assert_eq!(refused.code(), "too_many_keys");
+    assert!(refused.to_string().contains("max_live_keys"), "{refused}");
+    // The timed key is still there, its timer still firing.
+    assert!(node.keys().iter().any(|k| k.key == "timed"));
+    // Free the spinner's slot: the third key is served (once the spinner's
+    // store is dropped).
+    assert!(node.kill_key("hostile", "spinner"));
+    assert_eq!(served_soon(&node, "third").await, b"pong");
+    // Live now: `timed` (timer) and `third` (idle once its task has let go
+    // of the process after replying). A fourth key evicts `third`, not
+    // `timed`.
+    assert_eq!(served_soon(&node, "fourth").await, b"pong");
+    assert!(
+        node.keys().iter().any(|k| k.key == "timed"),
+        "the timed key was evicted"
+    );
+    // Counted once `third`'s task has retired it (after `fourth` started).
+    let mut count = 0.0;
+    for _ in 0..200 {
+        count = evicted(&node, "hostile", "module_budget").await;
+        if count >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        count, 1.0,
+        "evictions of hostile keys for the module budget"
+    );
+    node.kill_key("hostile", "timed");
+}
+
+/// `ping` `key` of `hostile` until it is not refused for the budget (for
+/// at most 2 s: a key that has just replied holds its process a moment).
+async fn served_soon(node: &Instance, key: &str) -> Vec<u8> {
+    for _ in 0..200 {
+        match node.call("hostile", key, b"ping".to_vec()).await {
+            Ok(reply) => return reply,
+            Err(Error::TooManyKeys { .. }) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(e) => panic!("{key}: {e}"),
+        }
+    }
+    panic!("{key} was refused for 2 s");
+}
+
+/// A message racing an eviction is served once, by one process: 8 callers
+/// hammer 24 keys of a stored counter with `max_live_keys = 3`, so keys are
+/// evicted while calls for them arrive. Every `incr` answered is counted
+/// exactly once (each key's final value is the number of its answered
+/// increments) and no two processes of one key ever overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_racing_evictions_are_served_once_by_one_process() {
+    let (node, lives) = node_recording(
+        test_config(),
+        &[("stored", guests::STORED_COUNTER, budget(3))],
+    )
+    .await;
+    let keys: Vec<String> = (0..24).map(|k| format!("k{k}")).collect();
+    let mut callers = Vec::new();
+    for c in 0..8 {
+        let (node, keys) = (node.clone(), keys.clone());
+        callers.push(tokio::spawn(async move {
+            let mut answered = vec![0u64; keys.len()];
+            for i in 0..150 {
+                let k = (i * 7 + c * 5) % keys.len();
+                match node.call("stored", &keys[k], b"incr".to_vec()).await {
+                    Ok(_) => answered[k] += 1,
+                    // Every live key busy: refused before processing.
+                    Err(Error::TooManyKeys { .. } | Error::PoolFull { .. }) => {}
+                    Err(e) => panic!("{}: {e}", keys[k]),
+                }
+            }
+            answered
+        }));
+    }
+    let mut answered = vec![0u64; keys.len()];
+    for caller in callers {
+        for (total, n) in answered.iter_mut().zip(caller.await.expect("caller")) {
+            *total += n;
+        }
+    }
+    // Refusals happen (all three live keys busy at once, often with eight
+    // callers); most calls are answered all the same.
+    let total: u64 = answered.iter().sum();
+    eprintln!("answered {total} of 1200 increments: {answered:?}");
+    assert!(total >= 50, "answered {total} of 1200: {answered:?}");
+    for (k, key) in keys.iter().enumerate() {
+        let value = call_text(&node, "stored", key, "get").await;
+        assert_eq!(value, answered[k].to_string(), "{key}");
+    }
+    assert!(evicted(&node, "stored", "module_budget").await > 0.0);
+    assert_single_ownership(&lives.events());
+}
