@@ -9,6 +9,7 @@ include!("guest_build.rs");
 const GUESTS: &[&str] = &[
     "counter",
     "stored-counter",
+    "reminders",
     "room",
     "probe",
     "spin",

@@ -53,6 +53,15 @@ pub trait Key: Sized + 'static {
     /// default ignores it.
     fn handle_info(&mut self, _info: Info) {}
 
+    /// Handles a durable alarm of this key that is due (set with
+    /// [`crate::alarms::set`]). `attempt` is 1 the first time this node
+    /// runs it, one more after each run that trapped (a panic) or whose
+    /// commit did not land. Returning commits the callback's writes and
+    /// deletes the alarm (unless it was set again here); panic to have it
+    /// retried with backoff. The default does nothing (the alarm is
+    /// deleted).
+    fn handle_alarm(&mut self, _name: String, _attempt: u32) {}
+
     /// Decides what to do when this key's node fenced itself (only called for
     /// modules deployed with `on-fence = callback`); answer within
     /// `deadline_ms` milliseconds or the process is killed.
@@ -146,6 +155,12 @@ pub fn handle_cast<K: Key>(slot: &'static LocalKey<Slot<K>>, message: Vec<u8>) {
 #[doc(hidden)]
 pub fn handle_info<K: Key>(slot: &'static LocalKey<Slot<K>>, info: Info) {
     with_instance(slot, "handle-info", |key| key.handle_info(info));
+}
+
+/// `alarm-handler.handle-alarm`.
+#[doc(hidden)]
+pub fn handle_alarm<K: Key>(slot: &'static LocalKey<Slot<K>>, name: String, attempt: u32) {
+    with_instance(slot, "handle-alarm", |key| key.handle_alarm(name, attempt));
 }
 
 /// `lifecycle.handle-fence`.

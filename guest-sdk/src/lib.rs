@@ -1,7 +1,9 @@
 //! `fief-guest`: write a Fief key module in plain Rust.
 //!
 //! A *key module* is a WebAssembly component implementing the WIT world
-//! `fief:key/key-module@0.1.0` (`wit/key.wit`). The node starts one instance
+//! `fief:key/key-module-with-alarms@0.1.0` (`wit/key.wit`: `key-module`,
+//! which the node requires, plus the optional `alarm-handler` export that
+//! lets its keys be woken by durable alarms). The node starts one instance
 //! of it per live key (a *key process*), hands it one message at a time, and
 //! grants it effects only through the `host` interface. This crate hides the
 //! WIT plumbing:
@@ -9,8 +11,9 @@
 //! - implement [`Key`] for your state type;
 //! - export it once with [`export_key!`];
 //! - reach the node through [`host`] (timers, pub/sub, calls to other keys,
-//!   logging), keep durable state with [`storage`], and encode typed
-//!   messages with [`codec`].
+//!   logging), keep durable state with [`storage`], be woken at a time
+//!   you choose with [`alarms`] (and [`Key::handle_alarm`]), and encode
+//!   typed messages with [`codec`].
 //!
 //! The crate owns the guest side of the contract only: it never decides
 //! anything about ownership or fencing; it forwards. It upholds one rule of the
@@ -90,6 +93,7 @@
 // works from other crates; this alias makes those paths resolve here too.
 extern crate self as fief_guest;
 
+pub mod alarms;
 pub mod cache;
 pub mod codec;
 pub mod host;
@@ -178,6 +182,12 @@ macro_rules! export_key {
                 }
             }
 
+            impl $crate::__private::AlarmGuest for FiefKeyExport {
+                fn handle_alarm(name: $crate::__private::String, attempt: u32) {
+                    $crate::__private::handle_alarm::<$key>(&FIEF_KEY_INSTANCE, name, attempt)
+                }
+            }
+
             $crate::__private::bindings::__export_key_module!(
                 FiefKeyExport with_types_in $crate::__private::bindings
             );
@@ -189,8 +199,10 @@ macro_rules! export_key {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::key::{
-        Slot, handle_call, handle_cast, handle_fence, handle_info, handoff, init, terminate,
+        Slot, handle_alarm, handle_call, handle_cast, handle_fence, handle_info, handoff, init,
+        terminate,
     };
+    pub use bindings::exports::fief::key::alarm_handler::Guest as AlarmGuest;
     pub use bindings::exports::fief::key::lifecycle::Guest;
     pub use std::option::Option;
     pub use std::result::Result;
@@ -208,7 +220,7 @@ pub mod __private {
     pub mod bindings {
         wit_bindgen::generate!({
             path: "../wit",
-            world: "key-module",
+            world: "key-module-with-alarms",
             // The export macro must be callable from the module crate, where
             // neither `wit_bindgen` nor these bindings are in scope by name.
             pub_export_macro: true,

@@ -10,6 +10,7 @@
 //! | `DELETE /v1/keys/{module}/{key}` | kill a key's process |
 //! | `GET /v1/keys` | live keys |
 //! | `GET /v1/state/{module}/{key}?prefix=P&limit=N` | a key's committed durable state, read-only: `{"entries": [{"name", "value": {"utf8"|"hex": …}}]}` ([`StoredEntry`](crate::storage::StoredEntry)) |
+//! | `GET /v1/alarms/{module}/{key}` | a key's committed durable alarms, read-only: `{"alarms": [{"name", "at_ms", "due_in_ms"}]}` ([`StoredAlarmView`](crate::StoredAlarmView)) |
 //! | `GET /v1/status` | the node's [`Status`](crate::Status) |
 //! | `POST /v1/leave` | leave the cluster gracefully, then stop |
 //! | `GET /v1/limbo` | the survivors in limbo ([`LimboEntry`](crate::LimboEntry)) |
@@ -95,6 +96,7 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         .route("/v1/keys/{module}/{key}", axum::routing::delete(kill))
         .route("/v1/keys", get(keys))
         .route("/v1/state/{module}/{key}", get(state))
+        .route("/v1/alarms/{module}/{key}", get(alarms))
         .route("/v1/status", get(status))
         .route("/v1/leave", post(leave))
         .route("/v1/limbo", get(limbo))
@@ -178,10 +180,13 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Error> {
         })
 }
 
+/// A key route's module (scoped to the caller's tenant) and key.
 fn key_path(
+    who: &Identity,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<(String, String), Error> {
-    path_pair(path, "module and key")
+    let (module, key) = path_pair(path, "module and key")?;
+    Ok((who.module(&module)?, key))
 }
 
 fn cache_path(
@@ -238,8 +243,7 @@ async fn call(
     path: Result<Path<(String, String)>, PathRejection>,
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
-    let (module, key) = key_path(path)?;
-    let module = who.module(&module)?;
+    let (module, key) = key_path(&who, path)?;
     let limit = instance.config().max_message_size.as_u64() as usize;
     let message = read_body(body, limit).await?;
     let reply = instance.call(&module, &key, message.to_vec()).await?;
@@ -252,8 +256,7 @@ async fn cast(
     path: Result<Path<(String, String)>, PathRejection>,
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
-    let (module, key) = key_path(path)?;
-    let module = who.module(&module)?;
+    let (module, key) = key_path(&who, path)?;
     let limit = instance.config().max_message_size.as_u64() as usize;
     let message = read_body(body, limit).await?;
     instance.cast(&module, &key, message.to_vec())?;
@@ -265,8 +268,7 @@ async fn kill(
     Extension(who): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<impl IntoResponse, Error> {
-    let (module, key) = key_path(path)?;
-    let module = who.module(&module)?;
+    let (module, key) = key_path(&who, path)?;
     let killed = instance.kill_key(&module, &key);
     Ok(axum::Json(json!({"killed": killed})))
 }
@@ -279,8 +281,7 @@ async fn state(
     path: Result<Path<(String, String)>, PathRejection>,
     query: Result<Query<StateQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, Error> {
-    let (module, key) = key_path(path)?;
-    let module = who.module(&module)?;
+    let (module, key) = key_path(&who, path)?;
     let Query(query) = query.map_err(|e| Error::InvalidKey(format!("state query: {e}")))?;
     let entries = instance
         .stored_state(
@@ -291,6 +292,18 @@ async fn state(
         )
         .await?;
     Ok(axum::Json(json!({ "entries": entries })))
+}
+
+/// `GET /v1/alarms/{module}/{key}`: the key's committed alarms (read-only;
+/// a tenant reads only its own modules).
+async fn alarms(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<impl IntoResponse, Error> {
+    let (module, key) = key_path(&who, path)?;
+    let alarms = instance.stored_alarms(&module, &key).await?;
+    Ok(axum::Json(json!({ "alarms": alarms })))
 }
 
 /// The query of [`state`].

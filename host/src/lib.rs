@@ -76,6 +76,6 @@ pub use key::{KeyLife, KeyLifeEvent, KeyLifeObserver, LiveKey};
 pub use limbo::LimboEntry;
 pub use node::{
     Instance, InstanceBuilder, LeaseState, LeaveReport, ModuleInfo, ModuleListing, NodeStatus,
-    Status,
+    Status, StoredAlarmView,
 };
 pub use sandbox::TenantLimits;

@@ -116,6 +116,12 @@ pub(crate) fn lower_to_ceilings(
     );
     cap(
         &mut lowered,
+        "max_alarms_per_key",
+        &mut o.max_alarms_per_key,
+        c.max_alarms_per_key,
+    );
+    cap(
+        &mut lowered,
         "memory_limit",
         &mut o.memory_limit,
         node.max_memory_per_key,

@@ -20,7 +20,8 @@
 use std::time::{Duration, SystemTime};
 
 use wasmparser::Parser;
-use wasmtime::component::Component;
+use wasmtime::Engine;
+use wasmtime::component::{Component, ComponentExportIndex};
 
 use crate::bindings::KeyModulePre;
 use crate::compile_cache::content_hash;
@@ -43,7 +44,12 @@ pub const MAX_FUNCTIONS: u64 = 100_000;
 pub const MAX_FUNCTION_BYTES: usize = 1024 * 1024;
 
 /// The interfaces of the `fief:key` package a key module may import.
-const FIEF_IMPORTS: [&str; 3] = ["fief:key/host", "fief:key/types", "fief:key/storage"];
+const FIEF_IMPORTS: [&str; 4] = [
+    "fief:key/host",
+    "fief:key/types",
+    "fief:key/storage",
+    "fief:key/alarms",
+];
 
 /// The export that makes a component a key module.
 const LIFECYCLE_EXPORT: &str = "fief:key/lifecycle";
@@ -88,9 +94,55 @@ pub struct CompiledModule {
     pub content_hash: String,
     /// When it was deployed.
     pub deployed_at: SystemTime,
-    /// Whether it imports `fief:key/storage`: then each of its processes
-    /// loads its key's state before its first callback.
+    /// Whether it imports `fief:key/storage` or `fief:key/alarms`: then
+    /// each of its processes loads its key's state before its first
+    /// callback.
     pub(crate) uses_storage: bool,
+    /// Its `fief:key/alarm-handler` export's `handle-alarm`, if it exports
+    /// one (checked at deploy to have the WIT's type): only such a module
+    /// may set alarms.
+    pub(crate) alarm_handler: Option<ComponentExportIndex>,
+}
+
+/// The interface a module exports to be woken by its alarms.
+const ALARM_HANDLER: &str = "fief:key/alarm-handler@0.1.0";
+
+/// Find `handle-alarm: func(name: string, attempt: u32)` in `component`'s
+/// `fief:key/alarm-handler` export. `Ok(None)`: it exports none.
+fn alarm_handler(component: &Component, engine: &Engine) -> Result<Option<ComponentExportIndex>> {
+    use wasmtime::component::types::ComponentItem;
+    let ty = component.component_type();
+    let Some(exported) = ty.get_export(engine, ALARM_HANDLER) else {
+        return Ok(None);
+    };
+    let bad = |why: &str| {
+        Err(Error::InvalidModule(format!(
+            "the component exports {ALARM_HANDLER} but {why}; it must be \
+             `handle-alarm: func(name: string, attempt: u32)` (with the Rust SDK, implement \
+             `Key::handle_alarm`)"
+        )))
+    };
+    let ComponentItem::ComponentInstance(instance) = exported.ty else {
+        return bad("not as an interface");
+    };
+    let Some(ComponentItem::ComponentFunc(func)) =
+        instance.get_export(engine, "handle-alarm").map(|e| e.ty)
+    else {
+        return bad("without a `handle-alarm` function");
+    };
+    let params: Vec<_> = func.params().map(|(_, ty)| ty).collect();
+    let typed = matches!(
+        params.as_slice(),
+        [
+            wasmtime::component::types::Type::String,
+            wasmtime::component::types::Type::U32
+        ]
+    ) && func.results().len() == 0;
+    if !typed {
+        return bad("its `handle-alarm` has another type");
+    }
+    let interface = component.get_export_index(None, ALARM_HANDLER);
+    Ok(component.get_export_index(interface.as_ref(), "handle-alarm"))
 }
 
 /// Check that `bytes` look like a component before spending time compiling.
@@ -176,7 +228,7 @@ fn check_interface(bytes: &[u8]) -> Result<()> {
     let (imports, exports) = top_level_names(bytes)?;
     if let Some(import) = imports.iter().find(|name| !import_granted(name)) {
         return Err(Error::InvalidModule(format!(
-            "the component imports `{import}`, which a key module may not import: the node grants only fief:key/host, fief:key/storage and fief:key/types (versions {}) and the WASI 0.2 interfaces ({}); build the module without that dependency, or against a fief:key version this node runs",
+            "the component imports `{import}`, which a key module may not import: the node grants only fief:key/host, fief:key/storage, fief:key/alarms and fief:key/types (versions {}) and the WASI 0.2 interfaces ({}); build the module without that dependency, or against a fief:key version this node runs",
             FIEF_VERSIONS.join(", "),
             WASI_PACKAGES.join(", ")
         )));
@@ -409,10 +461,13 @@ pub(crate) fn finish(
     let uses_storage = component
         .component_type()
         .imports(&runtime.engine)
-        .any(|(name, _)| name.starts_with("fief:key/storage"));
+        .any(|(name, _)| {
+            name.starts_with("fief:key/storage") || name.starts_with("fief:key/alarms")
+        });
+    let alarm_handler = alarm_handler(&component, &runtime.engine)?;
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         Error::InvalidModule(format!(
-            "the component needs an import this node does not grant ({e:#}); a key module may import only fief:key/host, fief:key/storage and WASI 0.2"
+            "the component needs an import this node does not grant ({e:#}); a key module may import only fief:key/host, fief:key/storage, fief:key/alarms and WASI 0.2"
         ))
     })?;
     let pre = KeyModulePre::new(pre).map_err(|e| {
@@ -438,6 +493,7 @@ pub(crate) fn finish(
         content_hash,
         deployed_at: SystemTime::now(),
         uses_storage,
+        alarm_handler,
     })
 }
 

@@ -1,4 +1,5 @@
-//! The `fief:key/storage` imports: a key process's own durable state.
+//! The `fief:key/storage` and `fief:key/alarms` imports: a key process's
+//! own durable state and its alarms (rows of that state).
 //!
 //! The imports work on the process's copy of the key's state in memory,
 //! loaded before the callback began (`KeyStorage::preload` in
@@ -21,6 +22,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::bindings::alarms::Host as AlarmsHost;
 use crate::bindings::storage::{Host, StorageError};
 use crate::key::KeyCtx;
 
@@ -133,6 +135,48 @@ impl Host for KeyCtx {
         self.write_state(lifted, |state, _| {
             state.delete_range(&start, end.as_deref())
         })
+    }
+}
+
+/// Milliseconds since the Unix epoch on this node's wall clock (alarms are
+/// wall-clock times, `docs/alarms.md`, "Time").
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl AlarmsHost for KeyCtx {
+    fn set_alarm(
+        &mut self,
+        name: String,
+        at_ms: u64,
+    ) -> wasmtime::Result<Result<(), StorageError>> {
+        if !self.alarms_allowed {
+            self.gate()?;
+            return Ok(Err(StorageError::Invalid(
+                "this module does not export fief:key/alarm-handler, so no alarm of it could \
+                 fire: build it for the key-module-with-alarms world (with the Rust SDK, \
+                 implement `Key::handle_alarm`)"
+                    .to_owned(),
+            )));
+        }
+        let lifted = name.len() + 8;
+        let now_ms = wall_ms();
+        self.write_state(lifted, |state, _| state.set_alarm(name, at_ms, now_ms))
+    }
+
+    fn cancel_alarm(&mut self, name: String) -> wasmtime::Result<Result<bool, StorageError>> {
+        let lifted = name.len();
+        self.write_state(lifted, |state, _| state.cancel_alarm(&name))
+    }
+
+    fn list_alarms(&mut self) -> wasmtime::Result<Result<Vec<(String, u64)>, StorageError>> {
+        self.read_state(
+            0,
+            |state| Ok(state.list_alarms()),
+            |alarms| (alarms.len(), alarms.iter().map(|(n, _)| n.len() + 8).sum()),
+        )
     }
 }
 

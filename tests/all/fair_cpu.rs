@@ -472,3 +472,30 @@ async fn callers_looping_over_inline_calls_let_their_workers_serve_others() {
          300 ms, {alone} times in 300 ms alone"
     );
 }
+
+/// `fief node --tenant-cpu-weight`: a weight past its bounds, or not a
+/// number, stops the node at start with a message naming the flag's rule.
+#[tokio::test]
+async fn a_tenant_cpu_weight_past_its_bounds_stops_the_node_at_start() {
+    for (flag, says) in [
+        ("acme=0", "between 1 and 1000"),
+        ("acme=1001", "between 1 and 1000"),
+        ("acme=many", "whole number"),
+        ("acme", "TENANT=WEIGHT"),
+    ] {
+        let out = tokio::task::spawn_blocking(move || {
+            fief_tests::fief_cli(&[
+                "node",
+                "--listen",
+                "127.0.0.1:0",
+                "--tenant-cpu-weight",
+                flag,
+            ])
+        })
+        .await
+        .expect("the CLI ran");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: the node started");
+        assert!(stderr.contains(says), "{flag}: {stderr}");
+    }
+}

@@ -2,6 +2,8 @@
 //! `tests/all` layout). Each test cites the contract clause or issue item it
 //! proves.
 
+mod alarms;
+mod alarms_cluster;
 mod arbiter;
 mod bad_input;
 mod cache;

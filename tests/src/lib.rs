@@ -38,6 +38,9 @@ pub mod guests {
     pub const KEEPER: &str = env!("FIEF_GUEST_KEEPER");
     /// `examples/stored-counter`: `incr`, `get`, `reset`, kept in storage.
     pub const STORED_COUNTER: &str = env!("FIEF_GUEST_STORED_COUNTER");
+    /// `examples/reminders`: durable alarms (`set`, `cancel`, `alarms`,
+    /// `fired`), their firings logged in storage.
+    pub const REMINDERS: &str = env!("FIEF_GUEST_REMINDERS");
     /// `tests/guests/vault`: every storage import and the output gate,
     /// driven by text commands.
     pub const VAULT: &str = env!("FIEF_GUEST_VAULT");

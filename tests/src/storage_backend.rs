@@ -91,6 +91,14 @@ impl Backend for ControlledBackend {
         self.inner.read(scope, prefix, limit)
     }
 
+    fn read_alarms(
+        &self,
+        scope: KeyScope,
+        partition: u32,
+    ) -> BoxFuture<'_, Result<Vec<(String, u64)>, BackendError>> {
+        self.inner.read_alarms(scope, partition)
+    }
+
     fn highest_fence_token(&self) -> BoxFuture<'_, Result<u64, BackendError>> {
         self.inner.highest_fence_token()
     }

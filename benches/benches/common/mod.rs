@@ -84,6 +84,19 @@ impl fief::bindings::storage::Host for RawCtx {
     }
 }
 
+/// Nor alarms.
+impl fief::bindings::alarms::Host for RawCtx {
+    fn set_alarm(&mut self, _: String, _: u64) -> wasmtime::Result<Result<(), StorageError>> {
+        Ok(Err(no_storage()))
+    }
+    fn cancel_alarm(&mut self, _: String) -> wasmtime::Result<Result<bool, StorageError>> {
+        Ok(Err(no_storage()))
+    }
+    fn list_alarms(&mut self) -> wasmtime::Result<Result<Vec<(String, u64)>, StorageError>> {
+        Ok(Err(no_storage()))
+    }
+}
+
 fn no_storage() -> StorageError {
     StorageError::Unavailable("the raw baseline keeps no state".to_owned())
 }

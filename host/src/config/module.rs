@@ -60,6 +60,8 @@ pub struct ModuleCeilings {
     pub max_storage_bytes_per_key: ByteSize,
     /// Most storage writes of one callback.
     pub max_storage_writes_per_callback: u32,
+    /// Most durable alarms of one key.
+    pub max_alarms_per_key: u32,
 }
 
 impl Default for ModuleCeilings {
@@ -77,6 +79,7 @@ impl Default for ModuleCeilings {
             max_storage_value_size: ByteSize::mib(1),
             max_storage_bytes_per_key: ByteSize::gib(1),
             max_storage_writes_per_callback: 100_000,
+            max_alarms_per_key: 1024,
         }
     }
 }
@@ -86,7 +89,7 @@ impl ModuleCeilings {
     pub const NAMES: &'static str = "cpu_limit, idle_timeout, max_live_keys, mailbox_depth, \
         max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second, \
         max_host_bytes_per_key, cpu_budget, max_storage_value_size, max_storage_bytes_per_key, \
-        max_storage_writes_per_callback";
+        max_storage_writes_per_callback, max_alarms_per_key";
 
     /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`).
     ///
@@ -116,6 +119,7 @@ impl ModuleCeilings {
                 self.max_storage_bytes_per_key = value.parse().map_err(|e: String| bad(e))?;
             }
             "max_storage_writes_per_callback" => self.max_storage_writes_per_callback = count()?,
+            "max_alarms_per_key" => self.max_alarms_per_key = count()?,
             other => {
                 return Err(Error::Config(format!(
                     "unknown module ceiling {other:?}; known: {}",
@@ -181,6 +185,11 @@ impl ModuleCeilings {
             "max_storage_writes_per_callback",
             o.max_storage_writes_per_callback,
             self.max_storage_writes_per_callback,
+        )?;
+        over(
+            "max_alarms_per_key",
+            o.max_alarms_per_key,
+            self.max_alarms_per_key,
         )?;
         over("cpu_budget", o.cpu_budget, self.cpu_budget)
     }
@@ -265,6 +274,9 @@ pub struct ModuleOptions {
     /// Most storage writes (puts, deletes, range deletes) one callback may
     /// make; past it they fail with `limit`. Default 1000.
     pub max_storage_writes_per_callback: u32,
+    /// Most durable alarms one key may hold (`fief:key/alarms`); a
+    /// `set-alarm` of a new name past it fails with `limit`. Default 16.
+    pub max_alarms_per_key: u32,
 }
 
 impl Default for ModuleOptions {
@@ -292,6 +304,7 @@ impl Default for ModuleOptions {
             max_storage_value_size: ByteSize::mib(1),
             max_storage_bytes_per_key: ByteSize::mib(16),
             max_storage_writes_per_callback: 1000,
+            max_alarms_per_key: 16,
         }
     }
 }
@@ -466,9 +479,10 @@ impl ModuleOptions {
             "max_storage_writes_per_callback" => {
                 self.max_storage_writes_per_callback = count(value)?
             }
+            "max_alarms_per_key" => self.max_alarms_per_key = count(value)?,
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window, max_storage_value_size, max_storage_bytes_per_key, max_storage_writes_per_callback"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window, max_storage_value_size, max_storage_bytes_per_key, max_storage_writes_per_callback, max_alarms_per_key"
                 )));
             }
         }

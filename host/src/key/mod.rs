@@ -48,6 +48,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
+use fief_core::alarm::{FireOutcome, Firing};
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 
@@ -311,6 +312,47 @@ pub(crate) enum Envelope {
         reason: StopReason,
         reply: oneshot::Sender<Result<Option<Vec<u8>>>>,
     },
+    /// A durable alarm of the key is due (from the node's alarm loop);
+    /// boxed, so that a queued message stays small.
+    Alarm(Box<AlarmTicket>),
+}
+
+/// A due alarm on its way to its key, with where its outcome goes.
+/// Dropped without an outcome (the key died first, its mailbox closed, the
+/// node refused the delivery) it reports `NotRun`, so no alarm is left in
+/// flight: the node's schedule retries it.
+pub(crate) struct AlarmTicket {
+    /// The firing, as the schedule gave it.
+    pub(crate) firing: Firing,
+    report: Option<AlarmReport>,
+}
+
+/// Where an [`AlarmTicket`]'s outcome goes.
+pub(crate) type AlarmReport = Box<dyn FnOnce(&Firing, FireOutcome) + Send>;
+
+impl AlarmTicket {
+    /// A ticket for `firing` whose outcome goes to `report`.
+    pub(crate) fn new(firing: Firing, report: AlarmReport) -> Self {
+        AlarmTicket {
+            firing,
+            report: Some(report),
+        }
+    }
+
+    /// Report what became of the firing.
+    pub(crate) fn finish(mut self, outcome: FireOutcome) {
+        if let Some(report) = self.report.take() {
+            report(&self.firing, outcome);
+        }
+    }
+}
+
+impl Drop for AlarmTicket {
+    fn drop(&mut self) {
+        if let Some(report) = self.report.take() {
+            report(&self.firing, FireOutcome::NotRun);
+        }
+    }
 }
 
 impl Envelope {
@@ -323,6 +365,7 @@ impl Envelope {
                 via: Via::Routed,
                 ..
             } | Envelope::Cast { .. }
+                | Envelope::Alarm(_)
         )
     }
 
@@ -335,6 +378,7 @@ impl Envelope {
                 Envelope::Info(Info::Timer(fired)) => fired.tag.len(),
                 Envelope::Info(Info::Published(p)) => p.topic.len() + p.payload.len(),
                 Envelope::Stop { .. } => 0,
+                Envelope::Alarm(ticket) => ticket.firing.alarm.name.len(),
             }
     }
 
@@ -347,7 +391,8 @@ impl Envelope {
             Envelope::Stop { reply, .. } => {
                 let _ = reply.send(Err(error));
             }
-            Envelope::Cast { .. } | Envelope::Info(_) => {}
+            // A dropped ticket reports that its handler did not run.
+            Envelope::Cast { .. } | Envelope::Info(_) | Envelope::Alarm(_) => {}
         }
     }
 }

@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use fief_core::alarm::FireOutcome;
 use fief_core::{OnFence, OwnershipToken, PartitionId};
 use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
@@ -108,6 +109,9 @@ pub(crate) struct KeyCtx {
     pub(crate) publishes: PublishBucket,
     /// The key's durable state and the output gate ([`KeyStorage`]).
     pub(crate) storage: KeyStorage,
+    /// Whether the module exports `fief:key/alarm-handler` (only then may
+    /// it set alarms).
+    pub(crate) alarms_allowed: bool,
 }
 
 impl WasiView for KeyCtx {
@@ -262,6 +266,8 @@ pub(super) fn caller_error(why: String) -> Error {
 pub(super) struct KeyProcess {
     pub(super) store: Store<KeyCtx>,
     guest: KeyModule,
+    /// `alarm-handler.handle-alarm`, if the module exports it.
+    alarm_handler: Option<wasmtime::component::Func>,
     /// The key's CPU meter (the key's task and inline calls move it).
     pub(super) cpu: Arc<CpuMeter>,
 }
@@ -338,10 +344,12 @@ impl KeyProcess {
                     max_bytes_per_key: options.max_storage_bytes_per_key.as_u64(),
                     max_bytes_per_tenant: services.config.max_storage_bytes_per_tenant.as_u64(),
                     max_writes_per_callback: options.max_storage_writes_per_callback,
+                    max_alarms: options.max_alarms_per_key,
                 },
                 env.mailbox.ledger().clone(),
                 module.uses_storage,
             ),
+            alarms_allowed: module.alarm_handler.is_some(),
         };
         let mut store = Store::new(&services.runtime.engine, ctx);
         store.limiter(|ctx| &mut ctx.limits);
@@ -395,8 +403,13 @@ impl KeyProcess {
             }
             Ok(UpdateDeadline::YieldCustom(0, ctx.next_slice()))
         });
-        let guest = match module.pre.instantiate_async(&mut store).await {
-            Ok(guest) => guest,
+        let instance = match module
+            .pre
+            .instance_pre()
+            .instantiate_async(&mut store)
+            .await
+        {
+            Ok(instance) => instance,
             Err(e) => {
                 // Pool exhaustion is the node being full, not the key dying:
                 // a 429 the caller may retry, naming the pool that ran out.
@@ -413,7 +426,18 @@ impl KeyProcess {
                 return Err(Error::KeyDied(format!("instantiation failed: {why}")));
             }
         };
-        let mut process = KeyProcess { store, guest, cpu };
+        let guest = KeyModule::new(&mut store, &instance)
+            .map_err(|e| Error::KeyDied(format!("instantiation failed: {e:#}")))?;
+        let alarm_handler = module
+            .alarm_handler
+            .as_ref()
+            .and_then(|index| instance.get_func(&mut store, index));
+        let mut process = KeyProcess {
+            store,
+            guest,
+            alarm_handler,
+            cpu,
+        };
         process.store.data_mut().storage.preload().await;
         process.begin_callback();
         let init = process
@@ -520,6 +544,39 @@ impl KeyProcess {
             .call_handle_info(&mut self.store, info)
             .await;
         self.settle(r).await
+    }
+
+    /// Run the alarm handler for alarm `name` due at `at_ms`, if the key
+    /// still holds that alarm at that time (otherwise its own view wins:
+    /// `Superseded`). The callback's commit deletes the alarm as its first
+    /// write. A trap or a failed commit is the process's death, as for any
+    /// callback; the caller reports it as `Trapped` or `CommitRefused`.
+    pub(super) async fn handle_alarm(
+        &mut self,
+        name: &str,
+        at_ms: u64,
+        attempt: u32,
+    ) -> Result<FireOutcome, Death> {
+        self.store.data_mut().storage.preload().await;
+        let Some(func) = self.alarm_handler else {
+            // Redeployed without a handler: retried (with backoff) until a
+            // version that has one runs the key.
+            return Ok(FireOutcome::NotRun);
+        };
+        let Ok(state) = self.store.data_mut().storage.state() else {
+            // The state could not be loaded (the store is unreachable).
+            return Ok(FireOutcome::NotRun);
+        };
+        if let Err(at_ms) = state.begin_firing(name, at_ms) {
+            return Ok(FireOutcome::Superseded { at_ms });
+        }
+        self.store.data_mut().storage.recharge();
+        self.begin_callback();
+        let r = match func.typed::<(&str, u32), ()>(&self.store) {
+            Ok(typed) => typed.call_async(&mut self.store, (name, attempt)).await,
+            Err(e) => Err(e),
+        };
+        self.settle(r).await.map(|()| FireOutcome::Committed)
     }
 
     pub(super) async fn handle_fence(

@@ -17,10 +17,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use fief_core::OnFence;
+use fief_core::alarm::FireOutcome;
 use tokio::sync::futures::Notified;
 use tokio::sync::oneshot;
 
 use super::process::{Death, KeyProcess, ProcessCell, ProcessGuard, caller_error};
+use super::storage::COMMIT_FAILED;
 use super::{
     Envelope, Eviction, KeyControl, KeyEnv, KeyLifeEvent, KeyNode, KeyServices, ModuleSlot, rearm,
 };
@@ -170,8 +172,19 @@ async fn drive_key(
     // entry is gone, so that a caller retrying at once starts a fresh
     // process instead of finding the dying one.
     let mut last_word: Option<LastWord> = None;
+    // The reply to the call just processed, sent once the process is let
+    // go (below).
+    let mut answer: Option<(CallReply, Result<Vec<u8>>)> = None;
     let exit = loop {
         control.receiving.store(false, Ordering::SeqCst);
+        if let Some((reply, result)) = answer.take() {
+            // Idle before the caller hears back: a caller that acts at once
+            // (calls this key again, inline; or another key of the module,
+            // whose activation looks for an idle key to evict) finds this
+            // one idle, not finishing.
+            drop(held.take());
+            let _ = reply.send(result);
+        }
         if control.is_killed() {
             break Exit::Killed;
         }
@@ -332,6 +345,7 @@ async fn drive_key(
                 break Exit::Killed;
             }
             Some(Step::Continue) => {}
+            Some(Step::Answer(reply, result)) => answer = Some((reply, result)),
             Some(Step::Stopped(answer)) => {
                 last_word = Some(answer);
                 break Exit::Stopped;
@@ -508,8 +522,13 @@ async fn receive(rx: &mut MailboxRx, control: &KeyControl) -> Option<Envelope> {
     .await
 }
 
+/// Where a call's reply goes.
+type CallReply = oneshot::Sender<Result<Vec<u8>>>;
+
 enum Step {
     Continue,
+    /// A call was processed: its reply, to send once the process is let go.
+    Answer(CallReply, Result<Vec<u8>>),
     /// The process stopped; its stop is answered once it is gone.
     Stopped(LastWord),
     Died(String),
@@ -556,10 +575,7 @@ async fn dispatch(
                 unreachable!("set above")
             };
             match outcome {
-                Ok(result) => {
-                    let _ = reply.send(result.map_err(Error::Rejected));
-                    Step::Continue
-                }
+                Ok(result) => Step::Answer(reply, result.map_err(Error::Rejected)),
                 Err(Death(why)) => {
                     // Answered by the loop once the process is gone.
                     *waiting = Some(Waiting::Call(reply));
@@ -575,6 +591,27 @@ async fn dispatch(
             Ok(()) => Step::Continue,
             Err(Death(why)) => Step::Died(why),
         },
+        Envelope::Alarm(ticket) => {
+            let firing = &ticket.firing;
+            let name = firing.alarm.name.clone();
+            match process
+                .handle_alarm(&name, firing.at_ms, firing.attempt)
+                .await
+            {
+                Ok(outcome) => {
+                    ticket.finish(outcome);
+                    Step::Continue
+                }
+                Err(Death(why)) => {
+                    ticket.finish(if why.starts_with(COMMIT_FAILED) {
+                        FireOutcome::CommitRefused
+                    } else {
+                        FireOutcome::Trapped
+                    });
+                    Step::Died(why)
+                }
+            }
+        }
         Envelope::Stop { reason, reply } => {
             *waiting = Some(Waiting::Stop(reply));
             let state = if matches!(reason, StopReason::Handoff) {

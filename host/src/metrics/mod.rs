@@ -38,7 +38,10 @@ use crate::cache::CacheStats;
 use crate::host_bytes::TenantHostBytes;
 use crate::sync::lock;
 
+mod alarms;
 mod striped;
+
+pub(crate) use alarms::AlarmMetrics;
 pub(crate) use striped::{CallCounter, SecondsCounter};
 use striped::{LatencyHistogram, StripedU64};
 
@@ -112,6 +115,7 @@ pub(crate) struct Metrics {
     api_connections: Gauge,
     api_connections_closed: Family<Labels1, Counter>,
     storage: crate::storage::writer::StorageMetrics,
+    alarms: AlarmMetrics,
     gauges: Gauges,
     /// Each module's call series, looked up once (see [`CallSeries`]), with
     /// the calls it served here (local and for peers) for the dashboard's
@@ -153,6 +157,11 @@ impl Metrics {
         self.storage.clone()
     }
 
+    /// The alarm series, for the node's alarm loop.
+    pub(crate) fn alarms(&self) -> AlarmMetrics {
+        self.alarms.clone()
+    }
+
     /// Fresh metrics, every series registered.
     pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("fief");
@@ -181,6 +190,7 @@ impl Metrics {
         let api_connections_closed = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
         let storage = crate::storage::writer::StorageMetrics::register(&mut registry);
+        let alarms = AlarmMetrics::register(&mut registry);
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
         r.register(
@@ -395,6 +405,7 @@ impl Metrics {
             api_connections,
             api_connections_closed,
             storage,
+            alarms,
             gauges,
             call_series: arc_swap::ArcSwap::default(),
         }

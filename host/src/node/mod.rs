@@ -39,6 +39,7 @@
 //! - `metrics_page.rs`: what `GET /metrics` reads of the node at scrape
 //!   time (the gauges' readings; the counters are `crate::metrics`'s).
 
+mod alarms;
 mod cache_routing;
 mod coordination;
 mod deploy;
@@ -88,6 +89,9 @@ pub(crate) struct NodeShared {
     /// clock, ledgers, meters, metrics, storage, observers, the fence gate).
     pub(crate) services: Arc<KeyServices>,
     pub(crate) arbiter: Arc<dyn Arbiter>,
+    /// The durable alarms of the partitions this node serves
+    /// (`node/alarms.rs`).
+    pub(crate) alarms: Arc<alarms::NodeAlarms>,
     /// Live members as the membership last reported them, published for
     /// readers that must not wait for its lock (forwarding, deploys).
     pub(crate) members: RwLock<BTreeMap<NodeId, Member>>,
@@ -194,6 +198,27 @@ impl NodeShared {
     }
 }
 
+/// One stored alarm of a key, as operators see it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct StoredAlarmView {
+    /// The alarm's name.
+    pub name: String,
+    /// When it is due, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Milliseconds until it is due on this node's clock (negative: overdue,
+    /// its partition not served or its handler retrying).
+    pub due_in_ms: i64,
+}
+
+/// A task aborted when this is dropped.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// One Fief node: start it, deploy modules, call keys, stop it.
 ///
 /// ```no_run
@@ -213,6 +238,8 @@ pub struct Instance {
     /// loop has stopped.
     coordination: Coordination,
     peer_server: Option<tokio::task::JoinHandle<()>>,
+    /// The alarm loop (`node/alarms.rs`), stopped with the node.
+    alarm_loop: AbortOnDrop,
     /// The guest threads. Dropped last (after a shutdown has waited for the
     /// key tasks), it drops whatever key task is left: a node dropped
     /// without a shutdown ends like a crash, and its threads with it.
@@ -337,6 +364,40 @@ impl Instance {
             .await
     }
 
+    /// A key's durable alarms as committed in the store (read-only, no
+    /// fence raised; `fief alarms`, `GET /v1/alarms/{module}/{key}`),
+    /// sorted by name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] for a bad key, [`Error::StorageUnavailable`]
+    /// when the store cannot be read.
+    pub async fn stored_alarms(&self, module: &str, key: &str) -> Result<Vec<StoredAlarmView>> {
+        crate::config::validate_key(key)?;
+        let partition = self.shared.config.partition_count().of(key).0;
+        let scope = crate::storage::KeyScope {
+            module: module.to_owned(),
+            key: key.to_owned(),
+        };
+        let alarms = self
+            .shared
+            .storage
+            .backend()
+            .read_alarms(scope, partition)
+            .await
+            .map_err(|e| Error::StorageUnavailable(e.to_string()))?;
+        let now = crate::storage_api::wall_ms();
+        Ok(alarms
+            .into_iter()
+            .map(|(name, at_ms)| StoredAlarmView {
+                name,
+                at_ms,
+                due_in_ms: i64::try_from(at_ms).unwrap_or(i64::MAX)
+                    - i64::try_from(now).unwrap_or(i64::MAX),
+            })
+            .collect())
+    }
+
     /// Fence the node now, as if its lease could not be renewed: every
     /// `terminate` key is killed and nothing is served until it rejoins.
     pub fn fence_now(&self) {
@@ -454,6 +515,7 @@ impl Instance {
     /// and chaos.
     pub async fn crash(self) {
         self.coordination.abort();
+        self.alarm_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }
@@ -470,6 +532,7 @@ impl Instance {
     /// kill what does not stop within a second, release the lease.
     pub async fn shutdown(self) {
         self.coordination.abort();
+        self.alarm_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }

@@ -142,6 +142,8 @@ impl InstanceBuilder {
         };
         let metrics = crate::metrics::Metrics::new();
         let storage = crate::storage::writer::StorageWriter::start(backend, metrics.storage());
+        let alarms = Arc::new(super::alarms::NodeAlarms::new(metrics.alarms()));
+        storage.set_alarm_sink(alarms.clone());
         let peer_listener = match (self.peer_listener, config.peer_listen) {
             (Some(listener), _) => Some(listener),
             (None, Some(addr)) => {
@@ -230,6 +232,7 @@ impl InstanceBuilder {
             peers,
             arbiter,
             members: RwLock::new(BTreeMap::new()),
+            alarms,
             peer_addr,
             modules: ArcSwap::default(),
             deploys: super::deploy::Deploys::default(),
@@ -254,6 +257,8 @@ impl InstanceBuilder {
         if let Err(e) = shared.sync_modules().await {
             tracing::warn!(node = %shared.node_id, error = %e, "cannot load the stored modules at start; the module follower keeps trying");
         }
+        let alarm_loop =
+            super::AbortOnDrop(tokio::spawn(super::alarms::run(Arc::downgrade(&shared))));
         let peer_server = peer_listener.map(|listener| {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
         });
@@ -274,6 +279,7 @@ impl InstanceBuilder {
             shared,
             coordination: Coordination(coordination),
             peer_server,
+            alarm_loop,
             _guest_pool: guest_pool,
         })
     }

@@ -332,6 +332,18 @@ impl Backend for EmbeddedBackend {
         })
     }
 
+    fn read_alarms(
+        &self,
+        scope: KeyScope,
+        partition: u32,
+    ) -> BoxFuture<'_, Result<Vec<(String, u64)>, BackendError>> {
+        self.blocking(move |db| {
+            let txn = db.begin_read()?;
+            let alarms = txn.open_table(ALARMS)?;
+            key_alarms(&alarms, partition, &scope)
+        })
+    }
+
     fn highest_fence_token(&self) -> BoxFuture<'_, Result<u64, BackendError>> {
         self.blocking(|db| {
             let txn = db.begin_read()?;

@@ -244,6 +244,15 @@ pub trait Backend: Send + Sync + 'static {
         limit: u32,
     ) -> BoxFuture<'_, Result<Entries, BackendError>>;
 
+    /// A key's alarms, `(name, at_ms)` sorted by name, as committed (its
+    /// `partition` locates the rows), for operators (`fief alarms`): no
+    /// fence token is raised.
+    fn read_alarms(
+        &self,
+        scope: KeyScope,
+        partition: u32,
+    ) -> BoxFuture<'_, Result<Vec<(String, u64)>, BackendError>>;
+
     /// The highest fence token stored for any partition (0 for a new
     /// store). An arbiter that starts afresh on an existing store (the
     /// embedded one, at every node start) numbers its tables above it, so

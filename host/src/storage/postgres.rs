@@ -400,6 +400,8 @@ enum Op<'a> {
     Round(&'a Round),
     /// An operator's read: scope, prefix, limit.
     Read(&'a KeyScope, &'a str, u32),
+    /// An operator's read of a key's alarms: scope, partition.
+    ReadAlarms(&'a KeyScope, u32),
     /// The namespace's highest fence token.
     HighestFence,
 }
@@ -408,6 +410,7 @@ enum Op<'a> {
 enum Answer {
     Round(RoundResult),
     Read(Entries),
+    Alarms(Vec<(String, u64)>),
     Token(u64),
 }
 
@@ -452,6 +455,30 @@ impl Op<'_> {
                 Ok(Answer::Read(
                     rows.into_iter()
                         .map(|r| (name_of(r.get(0)), r.get(1)))
+                        .collect(),
+                ))
+            }
+            Op::ReadAlarms(scope, partition) => {
+                let rows = conn
+                    .client
+                    .query(
+                        "SELECT name, at_ms FROM fief_storage_alarms
+                         WHERE namespace = $1 AND partition = $2 AND module = $3 AND key = $4
+                         ORDER BY name",
+                        &[
+                            &ns,
+                            &i32::try_from(*partition).unwrap_or(i32::MAX),
+                            &scope.module,
+                            &scope.key,
+                        ],
+                    )
+                    .await?;
+                Ok(Answer::Alarms(
+                    rows.into_iter()
+                        .map(|r| {
+                            let at: i64 = r.get(1);
+                            (name_of(r.get(0)), u64::try_from(at).unwrap_or(0))
+                        })
                         .collect(),
                 ))
             }
@@ -826,6 +853,19 @@ impl Backend for PostgresBackend {
             match self.with(Op::Read(&scope, &prefix, limit)).await? {
                 Answer::Read(entries) => Ok(entries),
                 _ => unreachable!("a read answers a read"),
+            }
+        })
+    }
+
+    fn read_alarms(
+        &self,
+        scope: KeyScope,
+        partition: u32,
+    ) -> BoxFuture<'_, Result<Vec<(String, u64)>, BackendError>> {
+        Box::pin(async move {
+            match self.with(Op::ReadAlarms(&scope, partition)).await? {
+                Answer::Alarms(alarms) => Ok(alarms),
+                _ => unreachable!("an alarm read answers alarms"),
             }
         })
     }

@@ -14,6 +14,8 @@
 //! backend or know about callbacks' outputs (`writer.rs` and the output
 //! gate do); it never blocks.
 
+mod alarms;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
@@ -41,6 +43,8 @@ pub(crate) struct StorageLimits {
     /// Most writes (puts, deletes, range deletes) in one callback
     /// (`max_storage_writes_per_callback`).
     pub(crate) max_writes_per_callback: u32,
+    /// Most alarms one key may hold (`max_alarms_per_key`).
+    pub(crate) max_alarms: u32,
 }
 
 /// A key's state in its process.
@@ -58,6 +62,10 @@ pub(crate) struct KeyState {
     /// Writes in the current callback.
     writes: u32,
     limits: StorageLimits,
+    /// The key's alarms, `name → at_ms`, as of its writes so far.
+    alarms: BTreeMap<String, u64>,
+    /// Alarm writes since the last commit, in the order they were made.
+    alarm_writes: Vec<Write>,
 }
 
 fn size(name: &str, value: &[u8]) -> u64 {
@@ -76,17 +84,22 @@ impl KeyState {
             dirty_bytes: 0,
             writes: 0,
             limits,
+            alarms: loaded.alarms.into_iter().collect(),
+            alarm_writes: Vec::new(),
         }
     }
 
     /// Host memory this state makes the node hold (entries and dirty names).
     pub(crate) fn held_bytes(&self) -> u64 {
-        self.bytes + ENTRY_OVERHEAD * self.entries.len() as u64 + self.dirty_bytes
+        self.bytes
+            + ENTRY_OVERHEAD * self.entries.len() as u64
+            + self.dirty_bytes
+            + self.alarm_bytes()
     }
 
     /// Whether writes wait for a commit.
     pub(crate) fn has_pending(&self) -> bool {
-        !self.dirty.is_empty()
+        !self.dirty.is_empty() || !self.alarm_writes.is_empty()
     }
 
     /// A new callback begins: its writes are counted from zero.
@@ -200,19 +213,21 @@ impl KeyState {
     /// them as committed: if the commit fails, the process must end (its
     /// memory is then ahead of the store).
     pub(crate) fn take_commit(&mut self) -> Option<(Vec<Write>, i64)> {
-        if self.dirty.is_empty() {
+        if !self.has_pending() {
             return None;
         }
-        let writes = std::mem::take(&mut self.dirty)
-            .into_iter()
-            .map(|name| match self.entries.get(&name) {
+        // Alarm writes first, in the order they were made (a firing's
+        // delete of its alarm is the first of them), then the entries.
+        let mut writes = std::mem::take(&mut self.alarm_writes);
+        writes.extend(std::mem::take(&mut self.dirty).into_iter().map(|name| {
+            match self.entries.get(&name) {
                 Some(value) => Write::Put {
                     value: value.clone(),
                     name,
                 },
                 None => Write::Delete { name },
-            })
-            .collect();
+            }
+        }));
         self.dirty_bytes = 0;
         let delta = self.bytes as i64 - self.committed_bytes as i64;
         self.committed_bytes = self.bytes;
@@ -272,6 +287,7 @@ mod tests {
     use super::*;
 
     const LIMITS: StorageLimits = StorageLimits {
+        max_alarms: 16,
         max_value: 100,
         max_bytes_per_key: 1000,
         max_bytes_per_tenant: 5000,

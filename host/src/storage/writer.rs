@@ -11,11 +11,13 @@
 //!
 //! It also keeps the node's view of each tenant's stored bytes (what the
 //! store answered last), which writes are checked against, and the storage
-//! metrics. It must not decide whether a process may write (the output gate
+//! metrics; and it tells the node's alarm schedule ([`AlarmSink`]) of every
+//! landed commit's alarm changes and every partition's alarm load, in the
+//! order the store applied them. It must not decide whether a process may write (the output gate
 //! and the backend's fence check do) and holds no key state.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
@@ -25,7 +27,39 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Backend, BackendError, Commit, Load, Loaded, Outcome, Round};
+use super::{Backend, BackendError, Commit, Fence, KeyScope, Load, Loaded, Outcome, Round, Write};
+use fief_core::alarm::{AlarmChange, StoredAlarm};
+
+/// Where the writer reports what the alarm schedule must hear, in the
+/// order the store applied it (`docs/alarms.md`, "Firing"): called on the
+/// writer's task between rounds' answers, so it must not block.
+pub(crate) trait AlarmSink: Send + Sync {
+    /// A commit of `scope` landed under `fence` with these alarm changes.
+    fn committed(&self, fence: Fence, scope: &KeyScope, changes: &[AlarmChange]);
+    /// A partition's alarm load under `fence` answered.
+    fn loaded(&self, fence: Fence, outcome: Result<Outcome<Vec<StoredAlarm>>, BackendError>);
+}
+
+/// The alarm changes of `writes`, in order.
+fn alarm_changes(writes: &[Write]) -> Vec<AlarmChange> {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::SetAlarm { name, at_ms } => Some(AlarmChange::Set {
+                name: name.clone(),
+                at_ms: *at_ms,
+            }),
+            Write::CancelAlarm { name } => Some(AlarmChange::Cancel { name: name.clone() }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What each tenant stores, as the store last answered.
+type Tenants = Mutex<HashMap<String, u64>>;
+
+/// The node's alarm sink, once the node has set it.
+type SinkCell = Arc<OnceLock<Arc<dyn AlarmSink>>>;
 
 /// Most commits and loads in one round.
 const MAX_ROUND_REQUESTS: usize = 1024;
@@ -95,6 +129,8 @@ enum Request {
         oneshot::Sender<Result<Outcome<u64>, BackendError>>,
     ),
     Load(Load, oneshot::Sender<Result<Outcome<Loaded>, BackendError>>),
+    /// A partition's alarms, for its new owner: answered to the sink.
+    PartitionAlarms(Fence),
 }
 
 impl Request {
@@ -113,7 +149,7 @@ impl Request {
                     super::Write::CancelAlarm { name } => name.len(),
                 })
                 .sum(),
-            Request::Load(..) => 0,
+            Request::Load(..) | Request::PartitionAlarms(_) => 0,
         }
     }
 }
@@ -123,6 +159,7 @@ pub(crate) struct StorageWriter {
     tx: mpsc::UnboundedSender<Request>,
     backend: Arc<dyn Backend>,
     tenants: Arc<Mutex<HashMap<String, u64>>>,
+    sink: SinkCell,
 }
 
 impl StorageWriter {
@@ -130,12 +167,31 @@ impl StorageWriter {
     pub(crate) fn start(backend: Arc<dyn Backend>, metrics: StorageMetrics) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let tenants = Arc::new(Mutex::new(HashMap::new()));
-        tokio::spawn(run(backend.clone(), rx, tenants.clone(), metrics));
+        let sink = SinkCell::default();
+        tokio::spawn(run(
+            backend.clone(),
+            rx,
+            (tenants.clone(), sink.clone()),
+            metrics,
+        ));
         Arc::new(StorageWriter {
             tx,
             backend,
             tenants,
+            sink,
         })
+    }
+
+    /// Report alarm changes and partition alarm loads to `sink` from now
+    /// on (once; a second sink is ignored).
+    pub(crate) fn set_alarm_sink(&self, sink: Arc<dyn AlarmSink>) {
+        let _ = self.sink.set(sink);
+    }
+
+    /// Load a partition's alarms under `fence` (raising its fence token);
+    /// the answer goes to the alarm sink.
+    pub(crate) fn load_partition_alarms(&self, fence: Fence) -> Result<(), BackendError> {
+        self.send(Request::PartitionAlarms(fence))
     }
 
     /// The backend, for `fief status` and operators' reads.
@@ -182,7 +238,7 @@ async fn answer<T>(rx: oneshot::Receiver<Result<T, BackendError>>) -> Result<T, 
 async fn run(
     backend: Arc<dyn Backend>,
     mut rx: mpsc::UnboundedReceiver<Request>,
-    tenants: Arc<Mutex<HashMap<String, u64>>>,
+    (tenants, sink): (Arc<Mutex<HashMap<String, u64>>>, SinkCell),
     metrics: StorageMetrics,
 ) {
     let mut carried: Option<Request> = None;
@@ -206,7 +262,7 @@ async fn run(
             bytes += size;
             requests.push(next);
         }
-        run_round(&*backend, requests, &tenants, &metrics).await;
+        run_round(&*backend, requests, (&tenants, sink.get()), &metrics).await;
     }
 }
 
@@ -214,24 +270,34 @@ async fn run(
 async fn run_round(
     backend: &dyn Backend,
     requests: Vec<Request>,
-    tenants: &Mutex<HashMap<String, u64>>,
+    (tenants, sink): (&Tenants, Option<&Arc<dyn AlarmSink>>),
     metrics: &StorageMetrics,
 ) {
     metrics.round_size.observe(requests.len() as f64);
     let mut round = Round::default();
     let (mut commit_waiters, mut load_waiters) = (Vec::new(), Vec::new());
+    // Each commit's alarm changes, to report once it landed.
+    let mut alarm_commits = Vec::new();
     for request in requests {
         match request {
             Request::Commit(commit, since, tx) => {
                 commit_waiters.push((commit.scope.tenant().to_owned(), since, tx));
+                let changes = if sink.is_some() {
+                    alarm_changes(&commit.writes)
+                } else {
+                    Vec::new()
+                };
+                alarm_commits.push((commit.fence, commit.scope.clone(), changes));
                 round.commits.push(commit);
             }
+            Request::PartitionAlarms(fence) => round.partition_alarms.push(fence),
             Request::Load(load, tx) => {
                 load_waiters.push((load.scope.tenant().to_owned(), tx));
                 round.loads.push(load);
             }
         }
     }
+    let round_alarm_fences = round.partition_alarms.clone();
     let result = match tokio::time::timeout(ROUND_TIMEOUT, backend.round(round)).await {
         Ok(result) => result,
         Err(_) => Err(BackendError::Unavailable(format!(
@@ -255,6 +321,11 @@ async fn run_round(
                 metrics.loads.get_or_create(&[("outcome", "failed")]).inc();
                 let _ = tx.send(Err(error.clone()));
             }
+            if let Some(sink) = sink {
+                for fence in round_alarm_fences {
+                    sink.loaded(fence, Err(error.clone()));
+                }
+            }
             return;
         }
     };
@@ -266,10 +337,17 @@ async fn run_round(
         let mut tenants = tenants.lock().unwrap_or_else(|e| e.into_inner());
         tenants.insert(tenant.to_owned(), bytes);
     };
+    let mut alarm_commits = alarm_commits.into_iter();
     for ((tenant, since, tx), outcome) in commit_waiters.into_iter().zip(result.commits) {
+        let alarms = alarm_commits.next();
         let label = match &outcome {
             Outcome::Done(bytes) => {
                 learnt(&tenant, *bytes);
+                if let (Some(sink), Some((fence, scope, changes))) = (sink, &alarms)
+                    && !changes.is_empty()
+                {
+                    sink.committed(*fence, scope, changes);
+                }
                 "ok"
             }
             Outcome::Stale { .. } => "stale",
@@ -290,5 +368,10 @@ async fn run_round(
         };
         metrics.loads.get_or_create(&[("outcome", label)]).inc();
         let _ = tx.send(Ok(outcome));
+    }
+    if let Some(sink) = sink {
+        for (fence, outcome) in round_alarm_fences.into_iter().zip(result.partition_alarms) {
+            sink.loaded(fence, Ok(outcome));
+        }
     }
 }

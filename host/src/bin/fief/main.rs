@@ -77,6 +77,8 @@ enum Command {
     /// Read a key's committed durable state (read-only).
     #[command(subcommand)]
     State(StateCommand),
+    /// List a key's durable alarms, as committed (read-only).
+    Alarms(state::AlarmsArgs),
     /// Make and hash API tokens and cluster secrets.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -150,6 +152,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Limbo(args) => commands::limbo(args).await,
         Command::Cache(command) => cache::cache(command).await,
         Command::State(command) => state::state(command).await,
+        Command::Alarms(args) => state::alarms(args).await,
         Command::Token(command) => token::token(command),
         Command::CompileWorker(_) => bail!("the compile worker runs before the async runtime"),
     }

@@ -1,8 +1,9 @@
-//! `fief state get|list`: a key's committed durable state from the command
-//! line, read-only (`GET /v1/state/{module}/{key}`).
+//! `fief state get|list` and `fief alarms`: a key's committed durable state
+//! and alarms from the command line, read-only (`GET /v1/state/{module}/{key}`,
+//! `GET /v1/alarms/{module}/{key}`).
 
 use anyhow::bail;
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 
 use crate::client::{api_url, client, send};
 
@@ -83,6 +84,48 @@ pub(crate) async fn state(command: StateCommand) -> anyhow::Result<()> {
                 println!("{}\t{}", entry.name, text(&entry.value));
             }
         }
+    }
+    Ok(())
+}
+
+/// `fief alarms MODULE KEY`.
+#[derive(Args)]
+pub(crate) struct AlarmsArgs {
+    /// The module.
+    module: String,
+    /// The key.
+    key: String,
+    /// The node's HTTP address.
+    #[arg(long, env = "FIEF_NODE", default_value = "http://127.0.0.1:7070")]
+    node: String,
+    /// Print the node's JSON answer instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Print a key's alarms: `name<TAB>time (UTC)<TAB>due in / overdue by`,
+/// sorted by name.
+pub(crate) async fn alarms(args: AlarmsArgs) -> anyhow::Result<()> {
+    let url = api_url(&args.node, &["v1", "alarms", &args.module, &args.key])?;
+    let mut reply: serde_json::Value = send(&args.node, client().get(url)).await?.json().await?;
+    if args.json {
+        println!("{reply}");
+        return Ok(());
+    }
+    let alarms: Vec<fief::StoredAlarmView> = serde_json::from_value(reply["alarms"].take())?;
+    for alarm in alarms {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(alarm.at_ms);
+        let due = std::time::Duration::from_millis(alarm.due_in_ms.unsigned_abs());
+        let when = if alarm.due_in_ms >= 0 {
+            format!("due in {}", humantime::format_duration(due))
+        } else {
+            format!("overdue by {}", humantime::format_duration(due))
+        };
+        println!(
+            "{}\t{}\t{when}",
+            alarm.name,
+            humantime::format_rfc3339_millis(at)
+        );
     }
     Ok(())
 }

@@ -127,6 +127,18 @@ pub(super) async fn alarms_land_with_their_commit_and_load_with_their_key(b: &dy
             "{n:?}"
         );
     }
+    // An operator's read (`fief alarms`) sees the same, sorted, without
+    // raising the fence; a key with none reads empty.
+    assert_eq!(
+        b.read_alarms(s.clone(), 2).await.expect("the read"),
+        alarms(&[("y", 60), ("é", 1)])
+    );
+    assert_eq!(
+        b.read_alarms(scope("acme/m", "none"), 2)
+            .await
+            .expect("the read"),
+        vec![]
+    );
 }
 
 pub(super) async fn a_stale_commit_sets_and_cancels_no_alarm(b: &dyn Backend) {
