@@ -1,4 +1,4 @@
-//! Builds the `counter` and `stored-counter` examples and the `spin`,
+//! Builds the `counter`, `stored-counter` and `reminders` examples and the `spin`,
 //! `hostile` and `vault` test guests from source for `wasm32-wasip2`, with
 //! the same code as the tests' build script and into the same target
 //! directory, so the tests and the benchmarks share one guest build.
@@ -6,7 +6,14 @@
 include!("../tests/guest_build.rs");
 
 /// Guest packages the benchmarks need.
-const GUESTS: &[&str] = &["counter", "stored-counter", "spin", "hostile", "vault"];
+const GUESTS: &[&str] = &[
+    "counter",
+    "stored-counter",
+    "reminders",
+    "spin",
+    "hostile",
+    "vault",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=../tests/guest_build.rs");

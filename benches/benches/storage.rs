@@ -47,7 +47,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{COUNTER_WASM, fmt_duration, guest, quantile};
+use common::{COUNTER_WASM, Mode, fmt_duration, guest, quantile};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use fief::{Instance, ModuleOptions, NodeConfig};
@@ -87,37 +87,6 @@ const RAW_UPSERT: &str = "INSERT INTO raw_counts (k, v) VALUES ($1, $2)
      ON CONFLICT (k) DO UPDATE SET v = excluded.v";
 /// The raw redb table.
 const RAW_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("raw");
-
-/// How much to measure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// `cargo bench`: the full figures.
-    Full,
-    /// `cargo bench -- --quick`: the CI smoke run.
-    Quick,
-    /// `cargo test --benches`: every routine once.
-    Test,
-}
-
-impl Mode {
-    fn from_args(args: &[String]) -> Mode {
-        if !args.iter().any(|a| a == "--bench") {
-            Mode::Test
-        } else if args.iter().any(|a| a == "--quick") {
-            Mode::Quick
-        } else {
-            Mode::Full
-        }
-    }
-
-    fn pick<T>(self, full: T, quick: T, test: T) -> T {
-        match self {
-            Mode::Full => full,
-            Mode::Quick => quick,
-            Mode::Test => test,
-        }
-    }
-}
 
 /// The raw side of one backend.
 enum RawStore {

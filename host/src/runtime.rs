@@ -75,7 +75,13 @@ impl Runtime {
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
             .max_memories_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
             .max_tables_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
-            .max_memory_size(config.max_memory_per_key.as_u64() as usize);
+            .max_memory_size(config.max_memory_per_key.as_u64() as usize)
+            // Dropped stores' slots go back to the pool 64 at a time
+            // (wasmtime's decommit queue); a full pool flushes the queue
+            // before it refuses. Measured: an
+            // evicted key's reactivation ~470 → ~400 µs p50 (docs/benchmarks.md,
+            // "Issue 20").
+            .decommit_batch_size(64);
 
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)

@@ -25,6 +25,39 @@ use wasmtime::{
 };
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+/// How much a table-printing bench measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `cargo bench`: the full figures.
+    Full,
+    /// `cargo bench -- --quick`: the CI smoke run, small sizes.
+    Quick,
+    /// `cargo test --benches`: every routine once, tiny sizes.
+    Test,
+}
+
+impl Mode {
+    /// The mode the bench binary's arguments ask for.
+    pub fn from_args(args: &[String]) -> Mode {
+        if !args.iter().any(|a| a == "--bench") {
+            Mode::Test
+        } else if args.iter().any(|a| a == "--quick") {
+            Mode::Quick
+        } else {
+            Mode::Full
+        }
+    }
+
+    /// `full`, `quick` or `test`, as the mode is.
+    pub fn pick<T>(self, full: T, quick: T, test: T) -> T {
+        match self {
+            Mode::Full => full,
+            Mode::Quick => quick,
+            Mode::Test => test,
+        }
+    }
+}
+
 /// The counter component, built from source by `build.rs`.
 pub const COUNTER_WASM: &str = env!("FIEF_GUEST_COUNTER");
 /// The spin test guest (`call spin` loops forever), built by `build.rs`.
