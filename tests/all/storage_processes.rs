@@ -12,8 +12,9 @@
 //! stale owner's commit lands after a newer owner served the key (its old
 //! value would come back, which the checker sees as a read going back),
 //! and every reply, including those after failovers, is one a single
-//! counter could give. Timings are `FAST_TIMINGS` (TTL 2 s); the tests take
-//! the process tests' lock (`processes::SERIAL`).
+//! counter could give. A durable alarm (`examples/reminders`) survives
+//! `kill -9` of its node. Timings are `FAST_TIMINGS` (TTL 2 s); the tests
+//! take the process tests' lock (`processes::SERIAL`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -319,4 +320,54 @@ async fn an_embedded_stored_counter_survives_kill_9_and_a_restart() {
             .is_some_and(|s| s.contains("state.redb")),
         "fief status names the embedded file: {status}"
     );
+}
+
+/// A durable alarm survives `kill -9` of its node (issue 20 item 4): set
+/// 1.5 s ahead on an embedded node, the node killed at once, it fires once
+/// on the node started again on the same data directory (the alarm row was
+/// committed with the callback that set it; the new run's partition load
+/// finds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alarm_fires_after_kill_9_of_its_node_and_a_restart() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("a data directory");
+    let data_dir = dir.path().to_str().expect("a UTF-8 path").to_owned();
+    let namespace = unique_namespace("alarms-embedded");
+    let mut spec = stored_spec(
+        &namespace,
+        "n1",
+        "local".to_owned(),
+        &["--data-dir", &data_dir],
+    );
+    spec.deploy = vec![("reminders".to_owned(), guests::REMINDERS.to_owned())];
+    let mut node = ClusterNode::spawn(&spec).await;
+    node.wait_current(START_LIMIT).await;
+    node.call_settled("reminders", "k", "set wake 1500")
+        .await
+        .expect("the alarm is set");
+    node.kill9();
+    node.rename_log("killed");
+    let mut again = ClusterNode::spawn(&spec).await;
+    again.wait_current(START_LIMIT).await;
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = again
+            .call_settled("reminders", "k", "fired")
+            .await
+            .expect("the log");
+        if !log.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Once, and not again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = again
+        .call_settled("reminders", "k", "fired")
+        .await
+        .expect("the log");
+    assert_eq!(later, log);
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 1, "{log:?}");
+    assert!(lines[0].starts_with("wake 1 "), "{log:?}");
 }
