@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fief::{Error, Instance, ModuleOptions, NodeConfig};
-use fief_tests::{call_text, guests, metric_value, test_config};
+use fief_tests::{call_text, guests, metric_value, node_with_options, test_config};
 
 use crate::cluster::ownership_checker::{LifeRecorder, assert_single_ownership};
 
@@ -140,8 +140,7 @@ async fn eviction_under_the_nodes_pool_keeps_every_keys_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_busy_keys_refuse_and_the_refusal_names_the_budget() {
     let node = Arc::new(
-        fief_tests::node_with_options(test_config(), &[("hostile", guests::HOSTILE, budget(2))])
-            .await,
+        node_with_options(test_config(), &[("hostile", guests::HOSTILE, budget(2))]).await,
     );
     // One key busy in a callback, one with an armed timer (its callback
     // returned: it is idle but for the timer).
@@ -248,5 +247,62 @@ async fn messages_racing_evictions_are_served_once_by_one_process() {
         assert_eq!(value, answered[k].to_string(), "{key}");
     }
     assert!(evicted(&node, "stored", "module_budget").await > 0.0);
+    assert_single_ownership(&lives.events());
+}
+
+/// The node's memory budget (`max_guest_memory`) is an eviction trigger
+/// too: with room for some number of stored counters' linear memories
+/// (64 MiB, the smallest a node with the default module options takes),
+/// each activation past it evicts the least recently used idle key (any
+/// module), so a round-robin over twice as many keys keeps about that many
+/// live while every count stays right; the pool and the module could hold
+/// them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_memory_budget_evicts_idle_keys_and_keeps_their_state() {
+    // One stored counter's linear memory, measured on a node without the
+    // budget.
+    let probe = node_with_options(
+        test_config(),
+        &[("stored", guests::STORED_COUNTER, budget(10))],
+    )
+    .await;
+    call_text(&probe, "stored", "one", "get").await;
+    let one_key = probe.status().guest_memory_bytes;
+    assert!(one_key > 0, "a live key holds linear memory");
+    probe.shutdown().await;
+    let memory = fief::config::ByteSize::mib(64);
+    let room = memory.as_u64() / one_key;
+    let keys = 2 * room + 10;
+    // The pool and the module hold every key: only the memory budget
+    // evicts (its own cause, `memory_budget`).
+    let pool = u32::try_from(keys + 16).expect("fits");
+    let config = NodeConfig {
+        max_guest_memory: Some(memory),
+        max_memory_per_key: memory,
+        max_live_keys: pool,
+        ..test_config()
+    };
+    let (node, lives) =
+        node_recording(config, &[("stored", guests::STORED_COUNTER, budget(pool))]).await;
+    for round in 1..=2 {
+        for k in 0..keys {
+            let reply = call_text(&node, "stored", &format!("k{k}"), "incr").await;
+            assert_eq!(reply, round.to_string(), "k{k} in round {round}");
+        }
+    }
+    let mut live = u64::MAX;
+    for _ in 0..200 {
+        live = node.keys().len() as u64;
+        if live <= room + 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        live <= room + 2,
+        "{live} keys live with room for {room} ({one_key} bytes each)"
+    );
+    assert!(node.status().guest_memory_bytes <= memory.as_u64() + 2 * one_key);
+    assert!(evicted(&node, "stored", "memory_budget").await >= keys as f64);
     assert_single_ownership(&lives.events());
 }

@@ -95,6 +95,12 @@ pub struct NodeConfig {
     /// Largest linear memory any key may have; a module's `memory_limit` must
     /// not exceed it (it sizes each slot of the instance pool).
     pub max_memory_per_key: ByteSize,
+    /// Linear memory the node's live keys may hold together before each new
+    /// activation evicts the least recently used idle key (of any module)
+    /// to make room (`docs/eviction.md`): a soft budget, never a refusal.
+    /// At least `max_memory_per_key`. `None` (the default): no such budget
+    /// (the pool's slots and the keys' `memory_limit`s bound memory).
+    pub max_guest_memory: Option<ByteSize>,
     /// How long a call waits for a reply before it fails with `timeout`,
     /// counted from when the call first waits: a call that runs on its
     /// caller's task (an idle key) may first run one slice, an epoch tick.
@@ -270,6 +276,7 @@ impl Default for NodeConfig {
             cpu_budget_per_tenant: None,
             cpu_budget_per_tenant_window: Duration::from_secs(1),
             tenant_cpu_weights: std::collections::BTreeMap::new(),
+            max_guest_memory: None,
             storage: None,
             data_dir: None,
             max_storage_bytes_per_tenant: ByteSize::gib(1),
@@ -378,6 +385,15 @@ impl NodeConfig {
             return bad(format!(
                 "cpu_budget_per_tenant_window ({:?}) must be between 10ms and 1m",
                 self.cpu_budget_per_tenant_window
+            ));
+        }
+        if let Some(budget) = self.max_guest_memory
+            && budget < self.max_memory_per_key
+        {
+            return bad(format!(
+                "max_guest_memory ({budget}) must be at least max_memory_per_key ({}): one key \
+                 must fit",
+                self.max_memory_per_key
             ));
         }
         if self.tenant_cpu_weights.len() > MAX_TENANT_CPU_WEIGHTS {
@@ -571,6 +587,19 @@ mod tests {
         assert!(validate_qualified_module_name("a/b").is_ok());
         assert!(validate_qualified_module_name("a/b/c").is_err());
         assert!(validate_qualified_module_name("/b").is_err());
+    }
+
+    #[test]
+    fn a_guest_memory_budget_smaller_than_one_key_is_refused() {
+        let with = |mib| NodeConfig {
+            max_guest_memory: Some(ByteSize::mib(mib)),
+            ..NodeConfig::default()
+        };
+        let one_key = NodeConfig::default().max_memory_per_key.as_u64() >> 20;
+        assert!(with(one_key).validate().is_ok());
+        let err = with(one_key - 1).validate().unwrap_err().to_string();
+        assert!(err.contains("max_guest_memory"), "{err}");
+        assert!(err.contains("one key must fit"), "{err}");
     }
 
     #[test]

@@ -83,10 +83,10 @@ impl ModuleSlot {
         victim(&lock(&self.keys)).map(|(_, handle)| handle.last_used)
     }
 
-    /// Order this module's least recently used idle key to retire, for the
-    /// node's pool. Returns false when none is idle (any more).
-    pub(crate) fn evict_oldest(&self) -> bool {
-        self.evict_one(&mut lock(&self.keys), Eviction::NodeBudget)
+    /// Order this module's least recently used idle key to retire, for a
+    /// node budget (`cause`). Returns false when none is idle (any more).
+    pub(crate) fn evict_oldest(&self, cause: Eviction) -> bool {
+        self.evict_one(&mut lock(&self.keys), cause)
     }
 
     /// Evictions ordered and not yet done.

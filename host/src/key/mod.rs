@@ -30,6 +30,8 @@
 //!   activation, the fence sweep, kills, retirement;
 //! - `eviction.rs`: which idle key retires when a module's or the node's
 //!   budget of live keys is reached (least recently used first);
+//! - `linear_memory.rs`: the linear memory of the node's live keys,
+//!   counted together (the `max_guest_memory` budget);
 //! - `inline.rs`: a routed call run on its caller's task while the key is
 //!   idle, and its hand-over to the key's task;
 //! - `task.rs`: the task that owns one key process and runs its message loop;
@@ -37,6 +39,7 @@
 
 mod eviction;
 mod inline;
+mod linear_memory;
 mod process;
 mod services;
 mod slot;
@@ -57,6 +60,7 @@ use crate::error::{Error, Result};
 use crate::sync::lock;
 
 use inline::Orphan;
+pub(crate) use linear_memory::GuestMemory;
 pub(crate) use process::{KeyCtx, KeyEnv, arm_timer, reserve_timer, spawn_timer};
 pub use services::KeyLifeObserver;
 pub(crate) use services::{KeyNode, KeyServices, NodeFuture};
@@ -118,6 +122,8 @@ pub(crate) enum Eviction {
     ModuleBudget = 2,
     /// The node's instance pool (`max_live_keys` of the node) was full.
     NodeBudget = 3,
+    /// The node's live keys held `max_guest_memory` of linear memory.
+    MemoryBudget = 4,
 }
 
 impl Eviction {
@@ -127,6 +133,7 @@ impl Eviction {
             Eviction::Idle => "idle",
             Eviction::ModuleBudget => "module_budget",
             Eviction::NodeBudget => "node_budget",
+            Eviction::MemoryBudget => "memory_budget",
         }
     }
 
@@ -135,6 +142,7 @@ impl Eviction {
             1 => Some(Eviction::Idle),
             2 => Some(Eviction::ModuleBudget),
             3 => Some(Eviction::NodeBudget),
+            4 => Some(Eviction::MemoryBudget),
             _ => None,
         }
     }

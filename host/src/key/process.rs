@@ -20,7 +20,7 @@ use fief_core::alarm::FireOutcome;
 use fief_core::{OnFence, OwnershipToken, PartitionId};
 use tokio::task::AbortHandle;
 use wasmtime::component::ResourceTable;
-use wasmtime::{Store, StoreLimits, Trap, UpdateDeadline};
+use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::storage::KeyStorage;
@@ -74,7 +74,7 @@ pub(crate) struct KeyEnv {
 pub(crate) struct KeyCtx {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: super::linear_memory::KeyLimiter,
     memory_limit: usize,
     pub(crate) env: Arc<KeyEnv>,
     cpu_ticks: u64,
@@ -305,7 +305,7 @@ impl KeyProcess {
         let ctx = KeyCtx {
             wasi,
             table: crate::sandbox::resource_table(),
-            limits,
+            limits: super::linear_memory::KeyLimiter::new(limits, services.guest_memory.clone()),
             memory_limit,
             env: env.clone(),
             cpu_ticks: 0,

@@ -68,10 +68,11 @@ pub(crate) trait KeyNode: Send + Sync {
         token: OwnershipToken,
     ) -> Result<Option<Vec<u8>>>;
 
-    /// The instance pool is full: order the least recently used idle key of
-    /// any module to retire. Returns whether room is coming (an eviction
-    /// ordered now or still in flight); false when every live key is busy.
-    fn evict_for_pool(&self) -> bool;
+    /// A node budget is reached (`cause`: the instance pool, or
+    /// `max_guest_memory`): order the least recently used idle key of any
+    /// module to retire. Returns whether room is coming (an eviction ordered
+    /// now or still in flight); false when every live key is busy.
+    fn evict_oldest_idle(&self, cause: super::Eviction) -> bool;
 
     /// Whether `module` is deployed here (a held cast is checked now, sent
     /// after its commit).
@@ -121,6 +122,9 @@ pub(crate) struct KeyServices {
     pub(crate) tenant_cpu: TenantCpuMeters,
     /// Counters and histograms for `GET /metrics`.
     pub(crate) metrics: Metrics,
+    /// The linear memory the node's live keys hold together
+    /// (`max_guest_memory`).
+    pub(crate) guest_memory: Arc<super::GuestMemory>,
     /// Notified when a key's store is dropped (a pool slot freed), for the
     /// starts waiting for one (`task.rs`, `start_in_pool`).
     pub(crate) pool_freed: tokio::sync::Notify,

@@ -462,6 +462,15 @@ async fn start_in_pool(
     cpu: (Arc<CpuMeter>, Arc<Seat>),
 ) -> Result<KeyProcess> {
     let deadline = tokio::time::Instant::now() + POOL_WAIT;
+    // Past the node's memory budget every activation makes room first (the
+    // budget is soft: the new key starts anyway, and the victim retires at
+    // its next idle moment).
+    if let Some(budget) = services.config.max_guest_memory
+        && services.guest_memory.bytes() >= budget.as_u64()
+        && let Some(node) = services.node()
+    {
+        node.evict_oldest_idle(Eviction::MemoryBudget);
+    }
     loop {
         let freed = services.pool_freed.notified();
         tokio::pin!(freed);
@@ -471,7 +480,9 @@ async fn start_in_pool(
                 Err(full @ Error::PoolFull { .. }) => full,
                 started => return started,
             };
-        let room_coming = services.node().is_some_and(|node| node.evict_for_pool());
+        let room_coming = services
+            .node()
+            .is_some_and(|node| node.evict_oldest_idle(Eviction::NodeBudget));
         if !room_coming {
             return Err(full);
         }

@@ -215,7 +215,7 @@ impl Metrics {
         );
         r.register(
             "keys_evicted",
-            "Idle key processes retired with their state kept, by module and cause (idle: its idle_timeout; module_budget: the module's max_live_keys; node_budget: the node's instance pool)",
+            "Idle key processes retired with their state kept, by module and cause (idle: its idle_timeout; module_budget: the module's max_live_keys; node_budget: the node's instance pool; memory_budget: the node's max_guest_memory)",
             evictions.clone(),
         );
         r.register(

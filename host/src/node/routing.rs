@@ -362,7 +362,7 @@ impl KeyNode for NodeShared {
     /// The oldest idle key of all modules goes: each module's table is
     /// looked at on its own (never two locked at once), and the one whose
     /// least recently used idle key was used longest ago evicts it.
-    fn evict_for_pool(&self) -> bool {
+    fn evict_oldest_idle(&self, cause: crate::key::Eviction) -> bool {
         let modules = self.modules.load();
         let mut by_age: Vec<_> = modules
             .values()
@@ -370,7 +370,7 @@ impl KeyNode for NodeShared {
             .collect();
         by_age.sort_by_key(|(used, _)| *used);
         // The oldest may have been used since it was looked at: the next.
-        by_age.iter().any(|(_, slot)| slot.evict_oldest())
+        by_age.iter().any(|(_, slot)| slot.evict_oldest(cause))
             || modules.values().any(|slot| slot.evictions_in_flight() > 0)
     }
 

@@ -214,6 +214,7 @@ impl InstanceBuilder {
                 tenant_cpu,
                 metrics,
                 pool_freed: tokio::sync::Notify::new(),
+                guest_memory: Arc::default(),
                 storage,
                 observer: self.observer,
                 events: self.events,

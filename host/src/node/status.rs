@@ -118,6 +118,9 @@ pub struct Status {
     pub nodes: Vec<NodeStatus>,
     /// Live key processes on this node.
     pub live_keys: usize,
+    /// Linear memory the live keys hold together, in bytes (against
+    /// `max_guest_memory`, if set).
+    pub guest_memory_bytes: u64,
     /// The coherent cache's counters on this node.
     pub cache: CacheStats,
     /// Topics with subscribers on this node.
@@ -194,6 +197,7 @@ impl Instance {
                 })
                 .collect(),
             live_keys: modules.iter().map(|m| m.live_keys).sum(),
+            guest_memory_bytes: self.shared.guest_memory.bytes(),
             cache: shared.cache_stats(),
             topics: shared.pubsub.topic_count(),
             modules,

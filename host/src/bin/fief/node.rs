@@ -85,6 +85,10 @@ pub(crate) struct NodeArgs {
     /// Most live keys on this node.
     #[arg(long, env = "FIEF_MAX_LIVE_KEYS")]
     pub(crate) max_live_keys: Option<u32>,
+    /// Linear memory the live keys may hold together before each new key
+    /// evicts the least recently used idle one, e.g. `4GiB` (default: none).
+    #[arg(long, env = "FIEF_MAX_GUEST_MEMORY")]
+    pub(crate) max_guest_memory: Option<ByteSize>,
     /// Host memory one tenant's keys may make this node hold outside their
     /// linear memories (queued messages, timer tags, subscriptions, waiting
     /// handoff states), e.g. `512MiB` (the default).
@@ -236,6 +240,9 @@ pub(crate) fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
     }
     if let Some(dir) = args.data_dir.clone() {
         config.data_dir = Some(dir);
+    }
+    if let Some(bytes) = args.max_guest_memory {
+        config.max_guest_memory = Some(bytes);
     }
     if let Some(cores) = args.cpu_budget_per_tenant {
         config.cpu_budget_per_tenant = Some(cores);
