@@ -15,7 +15,10 @@
 //!   touched, 100 000 live: `FIEF_BENCH_FULL=1`, which needs
 //!   `vm.max_map_count` raised for 100 000 live keys, `sysctl -w
 //!   vm.max_map_count=6291456`; the node refuses to start otherwise, saying
-//!   so). Embedded backend only: the PostgreSQL form is not built.
+//!   so). `many_keys_embedded` on the embedded store (redb on a file),
+//!   `many_keys_postgres` on a throwaway database of the PostgreSQL server
+//!   at 127.0.0.1:5432 (`FIEF_BENCH_POSTGRES` overrides; skipped, saying so,
+//!   when it cannot be reached).
 //! - `alarms_due`: `ALARMS` alarms of `examples/reminders`, 16 per key,
 //!   due evenly over `WINDOW`: lateness p50 / p99 (the firing node's wall
 //!   clock at the handler minus the alarm's time; target p99 ≤ 50 ms), none
@@ -27,6 +30,7 @@
 //! / 20 (full / quick / test), `ALARMS` 100 k in 60 s / 2 k in 3 s / 200 in
 //! 1 s. The 10-million-key run is one command,
 //! `FIEF_BENCH_FULL=1 cargo bench -p fief-benches --bench keys -- many_keys`
+//! (both stores; `many_keys_embedded` or `many_keys_postgres` for one)
 //! (it writes about 1 GiB under the target directory and takes minutes);
 //! figures are in `docs/benchmarks.md`.
 
@@ -125,14 +129,53 @@ async fn prefill(store: &dyn Backend, config: &NodeConfig, keys: usize) {
     }
 }
 
-/// A node on `dir`'s embedded store with the stored counter deployed, its
-/// module and the node both held to `budget` live keys.
-async fn stored_node(dir: &std::path::Path, budget: u32) -> Instance {
-    let config = NodeConfig {
-        data_dir: Some(dir.to_path_buf()),
+/// Where a bench node keeps its keys' state.
+enum Store {
+    /// The embedded store in this data directory.
+    Embedded(std::path::PathBuf),
+    /// This PostgreSQL database (a URL).
+    Postgres(String),
+}
+
+impl Store {
+    fn name(&self) -> &'static str {
+        match self {
+            Store::Embedded(_) => "embedded",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The backend itself, for the prefill.
+    async fn open(&self) -> Box<dyn Backend> {
+        match self {
+            Store::Embedded(dir) => Box::new(
+                EmbeddedBackend::open(&dir.join("state.redb")).expect("the embedded store"),
+            ),
+            Store::Postgres(url) => Box::new(
+                fief::storage::PostgresBackend::connect(url, NAMESPACE)
+                    .await
+                    .expect("the PostgreSQL store"),
+            ),
+        }
+    }
+}
+
+/// The namespace of the bench's nodes (a PostgreSQL store keeps state by
+/// namespace).
+const NAMESPACE: &str = "bench";
+
+/// A node on `store` with the stored counter deployed, its module and the
+/// node both held to `budget` live keys.
+async fn stored_node(store: &Store, budget: u32) -> Instance {
+    let mut config = NodeConfig {
+        namespace: NAMESPACE.to_owned(),
         max_live_keys: budget,
         ..NodeConfig::default()
     };
+    match store {
+        Store::Embedded(dir) => config.data_dir = Some(dir.clone()),
+        Store::Postgres(url) => config.storage = Some(url.clone()),
+    }
     let options = ModuleOptions {
         max_live_keys: budget,
         ..ModuleOptions::default()
@@ -163,7 +206,7 @@ async fn reactivation(mode: Mode) -> Vec<String> {
         let store = EmbeddedBackend::open(&dir.path().join("state.redb")).expect("the store");
         prefill(&store, &config, keys).await;
     }
-    let node = stored_node(dir.path(), budget).await;
+    let node = stored_node(&Store::Embedded(dir.path().to_path_buf()), budget).await;
     // The raw side: the same component, cold, plus one read of a redb file
     // with as many rows.
     let raw_config = NodeConfig {
@@ -226,8 +269,27 @@ async fn reactivation(mode: Mode) -> Vec<String> {
     )]
 }
 
+/// `many_keys` on the embedded store.
+async fn many_keys_embedded(mode: Mode) -> Vec<String> {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a data directory");
+    many_keys(mode, &Store::Embedded(dir.path().to_path_buf())).await
+}
+
+/// `many_keys` on a throwaway PostgreSQL database (skipped, saying so,
+/// when the server cannot be reached).
+async fn many_keys_postgres(mode: Mode) -> Vec<String> {
+    let db = match common::throwaway_database("keys").await {
+        Ok(db) => db,
+        Err(why) => return vec![format!("many keys, postgres: skipped: {why}")],
+    };
+    let url = format!("{}/{}", db.server, db.database);
+    let lines = many_keys(mode, &Store::Postgres(url)).await;
+    common::drop_database(db).await;
+    lines
+}
+
 /// `many_keys`: throughput, evictions/s and RSS over many stored keys.
-async fn many_keys(mode: Mode) -> Vec<String> {
+async fn many_keys(mode: Mode, store: &Store) -> Vec<String> {
     let huge = std::env::var_os("FIEF_BENCH_FULL").is_some();
     let (keys, touch, budget) = match mode {
         Mode::Full if huge => (10_000_000usize, 1_000_000usize, 100_000u32),
@@ -235,15 +297,14 @@ async fn many_keys(mode: Mode) -> Vec<String> {
         Mode::Quick => (20_000, 10_000, 1_000),
         Mode::Test => (2_000, 1_000, 200),
     };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a data directory");
     let started = Instant::now();
     {
-        let store = EmbeddedBackend::open(&dir.path().join("state.redb")).expect("the store");
-        prefill(&store, &NodeConfig::default(), keys).await;
+        let backend = store.open().await;
+        prefill(&*backend, &NodeConfig::default(), keys).await;
     }
     let prefill_time = started.elapsed();
     let rss_before = rss_bytes();
-    let node = Arc::new(stored_node(dir.path(), budget).await);
+    let node = Arc::new(stored_node(store, budget).await);
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut callers = Vec::new();
@@ -282,7 +343,8 @@ async fn many_keys(mode: Mode) -> Vec<String> {
         .shutdown()
         .await;
     vec![format!(
-        "many keys: {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, {refused} refused (every live key busy), {live} live at the end, RSS {} MiB before the node, {} MiB after (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
+        "many keys, {}: {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, {refused} refused (every live key busy), {live} live at the end, RSS {} MiB before the node, {} MiB after (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
+        store.name(),
         prefill_time.as_secs_f64(),
         touch as f64 / elapsed.as_secs_f64(),
         evictions / elapsed.as_secs_f64(),
@@ -409,8 +471,11 @@ fn main() {
     if "reactivation".contains(filter.as_str()) {
         lines.extend(runtime.block_on(reactivation(mode)));
     }
-    if "many_keys".contains(filter.as_str()) {
-        lines.extend(runtime.block_on(many_keys(mode)));
+    if "many_keys_embedded".contains(filter.as_str()) {
+        lines.extend(runtime.block_on(many_keys_embedded(mode)));
+    }
+    if "many_keys_postgres".contains(filter.as_str()) {
+        lines.extend(runtime.block_on(many_keys_postgres(mode)));
     }
     if "alarms_due".contains(filter.as_str()) {
         lines.extend(runtime.block_on(alarms_due(mode)));

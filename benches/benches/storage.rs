@@ -47,7 +47,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{COUNTER_WASM, Mode, fmt_duration, guest, quantile};
+use common::{
+    COUNTER_WASM, Mode, Throwaway, drop_database, fmt_duration, guest, pg_connect, quantile,
+    throwaway_database,
+};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use fief::{Instance, ModuleOptions, NodeConfig};
@@ -80,8 +83,6 @@ const READS: [(&str, &str, &[u8]); 5] = [
 const SIZES: [usize; 3] = [1, 64, 1024];
 /// Most raw PostgreSQL connections (and raw redb threads).
 const RAW_CONNECTIONS: usize = 32;
-/// The PostgreSQL server, without a database.
-const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432";
 /// The raw upsert, as prepared on every raw connection.
 const RAW_UPSERT: &str = "INSERT INTO raw_counts (k, v) VALUES ($1, $2)
      ON CONFLICT (k) DO UPDATE SET v = excluded.v";
@@ -514,46 +515,6 @@ fn key_names() -> Vec<String> {
         .collect()
 }
 
-/// A connection to `url`, its connection task spawned.
-async fn pg_connect(url: &str) -> Result<tokio_postgres::Client, String> {
-    let connect = tokio_postgres::connect(url, tokio_postgres::NoTls);
-    let (client, connection) = tokio::time::timeout(Duration::from_secs(3), connect)
-        .await
-        .map_err(|_| "no answer within 3 s".to_owned())?
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
-/// The throwaway database of one run, dropped by [`drop_database`].
-struct Throwaway {
-    server: String,
-    admin: tokio_postgres::Client,
-    database: String,
-}
-
-/// A fresh database on the server, or why there is none.
-async fn throwaway_database() -> Result<Throwaway, String> {
-    let server = std::env::var("FIEF_BENCH_POSTGRES").unwrap_or_else(|_| DEFAULT_POSTGRES.into());
-    let admin = pg_connect(&format!("{server}/postgres"))
-        .await
-        .map_err(|e| format!("{server} is not reachable: {e}"))?;
-    let database = format!("fief_bench_storage_{}", std::process::id());
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {database}"))
-        .await
-        .map_err(|e| format!("dropping an old {database}: {e}"))?;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .map_err(|e| format!("creating {database}: {e}"))?;
-    Ok(Throwaway {
-        server,
-        admin,
-        database,
-    })
-}
-
 async fn postgres_side(db: &Throwaway) -> Arc<Side> {
     let url = format!("{}/{}", db.server, db.database);
     let mut conns = Vec::new();
@@ -575,16 +536,6 @@ async fn postgres_side(db: &Throwaway) -> Arc<Side> {
         raw: RawStore::Postgres(Arc::new(conns)),
         keys: Arc::new(key_names()),
     })
-}
-
-async fn drop_database(db: Throwaway) {
-    if let Err(e) = db
-        .admin
-        .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", db.database))
-        .await
-    {
-        eprintln!("could not drop the throwaway database {}: {e}", db.database);
-    }
 }
 
 /// Shut `side`'s node down (its keys stop; the store closes with it).
@@ -639,7 +590,7 @@ fn main() {
     }
     rt.block_on(finish(embedded));
 
-    match rt.block_on(throwaway_database()) {
+    match rt.block_on(throwaway_database("storage")) {
         Err(why) => {
             println!("PostgreSQL: {why}; skipping storage_commits_postgres and its latency row")
         }

@@ -863,3 +863,64 @@ pub fn fmt_duration(d: Duration) -> String {
         format!("{:.2} s", ns as f64 / 1e9)
     }
 }
+
+// ---------------------------------------------------------------------------
+// PostgreSQL
+// ---------------------------------------------------------------------------
+
+/// The PostgreSQL server of the benches, without a database
+/// (`FIEF_BENCH_POSTGRES` overrides it).
+pub const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// A connection to `url`, its connection task spawned.
+pub async fn pg_connect(url: &str) -> Result<tokio_postgres::Client, String> {
+    let connect = tokio_postgres::connect(url, tokio_postgres::NoTls);
+    let (client, connection) = tokio::time::timeout(Duration::from_secs(3), connect)
+        .await
+        .map_err(|_| "no answer within 3 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// The throwaway database of one run, dropped by [`drop_database`].
+pub struct Throwaway {
+    /// The server, without a database.
+    pub server: String,
+    admin: tokio_postgres::Client,
+    /// The database's name.
+    pub database: String,
+}
+
+/// A fresh database on the server, or why there is none.
+pub async fn throwaway_database(purpose: &str) -> Result<Throwaway, String> {
+    let server = std::env::var("FIEF_BENCH_POSTGRES").unwrap_or_else(|_| DEFAULT_POSTGRES.into());
+    let admin = pg_connect(&format!("{server}/postgres"))
+        .await
+        .map_err(|e| format!("{server} is not reachable: {e}"))?;
+    let database = format!("fief_bench_{purpose}_{}", std::process::id());
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database}"))
+        .await
+        .map_err(|e| format!("dropping an old {database}: {e}"))?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await
+        .map_err(|e| format!("creating {database}: {e}"))?;
+    Ok(Throwaway {
+        server,
+        admin,
+        database,
+    })
+}
+
+/// Drop the throwaway database `db`.
+pub async fn drop_database(db: Throwaway) {
+    if let Err(e) = db
+        .admin
+        .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", db.database))
+        .await
+    {
+        eprintln!("could not drop the throwaway database {}: {e}", db.database);
+    }
+}
