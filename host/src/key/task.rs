@@ -5,8 +5,9 @@
 //! taking messages from the mailbox one at a time in arrival order, finishing
 //! inline calls handed to it, the `handle-fence` order of a callback key, the
 //! idle timeout and eviction orders (both retire the key the same way), a
-//! start that waits for a pool slot an eviction frees, throttling over the key's `cpu_budget`, the refusal of
-//! routed messages past the fence, and the end: the store dropped, then the
+//! start that waits for a pool slot an eviction frees, throttling over the
+//! key's `cpu_budget`, the refusal of routed messages past the fence, and
+//! the end: the store dropped, then the
 //! key's entry removed, then its waiting senders answered. Everything it does
 //! is charged to the key's CPU meter. It must not touch the store's data
 //! beyond the process's own methods (`process.rs`), nor remove another
@@ -414,8 +415,6 @@ async fn drive_key(
     }
 }
 
-/// Take the key's process into `held` (if not held yet): wait for an inline
-/// call that holds it, finishing orphaned inline calls meanwhile.
 /// Whether an idle key may retire now (see [`try_retire`]).
 enum Retire {
     /// Yes: the process, held.
@@ -492,6 +491,8 @@ async fn start_in_pool(
     }
 }
 
+/// Take the key's process into `held` (if not held yet): wait for an inline
+/// call that holds it, finishing orphaned inline calls meanwhile.
 async fn hold<'a>(
     held: &mut Option<ProcessGuard>,
     cell: &Arc<ProcessCell>,
