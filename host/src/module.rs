@@ -529,6 +529,41 @@ pub(crate) fn compile(
 mod tests {
     use super::*;
 
+    /// A component exporting `fief:key/alarm-handler` whose `handle-alarm`
+    /// takes `params` (WAT component-model types).
+    fn handler_component(engine: &Engine, params: &str) -> Component {
+        let text = format!(
+            r#"(component
+                (core module $m (func (export "f") (param i32 i32)))
+                (core instance $i (instantiate $m))
+                (func $f {params} (canon lift (core func $i "f")))
+                (instance $h (export "handle-alarm" (func $f)))
+                (export "fief:key/alarm-handler@0.1.0" (instance $h)))"#
+        );
+        let bytes = wat::parse_str(&text).expect("the WAT parses");
+        Component::new(engine, bytes).expect("the component compiles")
+    }
+
+    /// Deploy's check of the alarm handler: none exported is no handler; one
+    /// whose `handle-alarm` has another type than the WIT's is refused,
+    /// naming the type it must have.
+    #[test]
+    fn an_alarm_handler_of_another_type_is_refused_at_deploy() {
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).expect("an engine");
+        let none = Component::new(&engine, wat::parse_str("(component)").expect("WAT"))
+            .expect("the empty component");
+        assert!(alarm_handler(&none, &engine).expect("no handler").is_none());
+        let wrong = handler_component(&engine, r#"(param "name" u32) (param "attempt" u32)"#);
+        let err = alarm_handler(&wrong, &engine).unwrap_err().to_string();
+        assert!(err.contains("another type"), "{err}");
+        assert!(
+            err.contains("handle-alarm: func(name: string, attempt: u32)"),
+            "{err}"
+        );
+    }
+
     /// A custom page size of 2^40 bytes (log2 40, which the parser takes and
     /// validation would refuse) must not overflow the memory check.
     #[test]

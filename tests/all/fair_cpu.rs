@@ -116,30 +116,33 @@ async fn a_victim_answers_over_http_while_four_keys_of_another_module_spin() {
     );
 }
 
-/// Design.md "Guest CPU": turns go fairly between tenants. On one guest
-/// thread, tenant `acme` keeps four keys spinning and tenant `globex` one;
-/// `globex` gets about half the thread (a FIFO of yielding keys gives it a
-/// fifth). Measured with the node's per-module CPU counters, as a share, so
-/// load on the machine affects both tenants alike.
-#[tokio::test]
-async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
+/// On one guest thread, keep `keys.0` keys of module `modules.0` and
+/// `keys.1` of `modules.1` spinning (both modules deployed with no CPU
+/// budget) and return the CPU seconds each module's keys used over two
+/// seconds, after half a second for every key to start. Measured with the
+/// node's per-module CPU counters.
+async fn cpu_of_two_spinning_modules(
+    config: NodeConfig,
+    modules: (&str, &str),
+    keys: (usize, usize),
+) -> (f64, f64) {
     let config = NodeConfig {
         guest_threads: 1,
-        ..test_config()
+        ..config
     };
     let spin = spinner_options(Duration::from_secs(60));
     let node = Arc::new(
         node_with_options(
             config,
             &[
-                ("acme/spin", guests::HOSTILE, spin.clone()),
-                ("globex/spin", guests::HOSTILE, spin),
+                (modules.0, guests::HOSTILE, spin.clone()),
+                (modules.1, guests::HOSTILE, spin),
             ],
         )
         .await,
     );
-    let many = keep_spinning(&node, "acme/spin", &names("a", 4));
-    let one = keep_spinning(&node, "globex/spin", &names("g", 1));
+    let first = keep_spinning(&node, modules.0, &names("a", keys.0));
+    let second = keep_spinning(&node, modules.1, &names("b", keys.1));
     let cpu = |module: &str| {
         node.status()
             .modules
@@ -147,13 +150,24 @@ async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
             .find(|m| m.name == module)
             .map_or(0.0, |m| m.cpu_seconds)
     };
-    // Let every key start, then measure over two seconds.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (acme_0, globex_0) = (cpu("acme/spin"), cpu("globex/spin"));
+    let (first_0, second_0) = (cpu(modules.0), cpu(modules.1));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (acme, globex) = (cpu("acme/spin") - acme_0, cpu("globex/spin") - globex_0);
-    many.abort();
-    one.abort();
+    let used = (cpu(modules.0) - first_0, cpu(modules.1) - second_0);
+    first.abort();
+    second.abort();
+    used
+}
+
+/// Design.md "Guest CPU": turns go fairly between tenants. On one guest
+/// thread, tenant `acme` keeps four keys spinning and tenant `globex` one;
+/// `globex` gets about half the thread (a FIFO of yielding keys gives it a
+/// fifth). Measured as a share, so load on the machine affects both
+/// tenants alike.
+#[tokio::test]
+async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
+    let (acme, globex) =
+        cpu_of_two_spinning_modules(test_config(), ("acme/spin", "globex/spin"), (4, 1)).await;
     let share = globex / (acme + globex);
     eprintln!("CPU over 2 s: globex (one key) {globex:.3} s, acme (four keys) {acme:.3} s");
     assert!(
@@ -175,36 +189,11 @@ async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
 #[tokio::test]
 async fn a_tenant_of_weight_three_gets_about_three_times_the_cpu_of_one_of_weight_one() {
     let config = NodeConfig {
-        guest_threads: 1,
         tenant_cpu_weights: [("gold".to_owned(), 3)].into(),
         ..test_config()
     };
-    let spin = spinner_options(Duration::from_secs(60));
-    let node = Arc::new(
-        node_with_options(
-            config,
-            &[
-                ("gold/spin", guests::HOSTILE, spin.clone()),
-                ("bronze/spin", guests::HOSTILE, spin),
-            ],
-        )
-        .await,
-    );
-    let gold_keys = keep_spinning(&node, "gold/spin", &names("g", 1));
-    let bronze_keys = keep_spinning(&node, "bronze/spin", &names("b", 1));
-    let cpu = |module: &str| {
-        node.status()
-            .modules
-            .iter()
-            .find(|m| m.name == module)
-            .map_or(0.0, |m| m.cpu_seconds)
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (gold_0, bronze_0) = (cpu("gold/spin"), cpu("bronze/spin"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (gold, bronze) = (cpu("gold/spin") - gold_0, cpu("bronze/spin") - bronze_0);
-    gold_keys.abort();
-    bronze_keys.abort();
+    let (gold, bronze) =
+        cpu_of_two_spinning_modules(config, ("gold/spin", "bronze/spin"), (1, 1)).await;
     let share = gold / (gold + bronze);
     eprintln!("CPU over 2 s: gold (weight 3) {gold:.3} s, bronze (weight 1) {bronze:.3} s");
     assert!(
