@@ -407,7 +407,14 @@ impl KeyCtx {
                 .map(|()| subscribers)
                 .map_err(|refusal| EffectError::Limit(refusal.to_string())));
         }
-        Ok(Ok(services.pubsub.publish(&topic, payload)))
+        let published = services
+            .pubsub
+            .publish(&topic, payload, self.env.mailbox.ledger());
+        services
+            .metrics
+            .topics()
+            .published(published.forwarded, published.dropped);
+        Ok(Ok(published.count))
     }
 
     fn cast_now(

@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::node::NodeShared;
 use crate::peer_auth::{PeerFramed, PeerSecurity};
 use crate::sync::lock;
-use crate::wire::{Frame, PeerRequest, WireError, codec, decode_frame, encode};
+use crate::wire::{FEATURE_TOPICS, Frame, PeerRequest, WireError, codec, decode_frame, encode};
 
 /// Frames that may wait to be written on one connection.
 pub const OUTGOING_QUEUE: usize = 1024;
@@ -77,11 +77,13 @@ async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: Sock
             PeerRequest::Hello {
                 namespace,
                 node: from,
+                features,
             } => {
                 if namespace != shared.config.namespace {
                     tracing::warn!(%peer, %from, %namespace, "refusing a peer of another namespace");
                     break;
                 }
+                shared.pubsub.greeted(&from, features & FEATURE_TOPICS != 0);
                 greeted = true;
             }
             _ if !greeted => {
@@ -234,6 +236,7 @@ impl PeerPool {
             body: PeerRequest::Hello {
                 namespace: self.namespace.clone(),
                 node: self.me.clone(),
+                features: FEATURE_TOPICS,
             },
         })
         .map_err(|_| Error::Internal("a new peer queue is full".to_owned()))?;
@@ -264,6 +267,18 @@ impl PeerPool {
         });
         lock(&self.conns).insert(addr.to_owned(), conn.clone());
         Ok(conn)
+    }
+
+    /// Open the link to the peer at `addr` if it is not open (its hello
+    /// tells the peer who this node is and what it speaks).
+    pub(crate) async fn connect(&self, addr: &str) -> Result<()> {
+        if lock(&self.cut).contains(addr) {
+            return Err(Error::OwnerUnreachable {
+                owner: addr.to_owned(),
+                why: "the link to it is cut".to_owned(),
+            });
+        }
+        self.connection(addr).await.map(drop)
     }
 
     /// Send `request` to the peer at `addr` and wait for its answer.

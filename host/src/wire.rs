@@ -35,8 +35,17 @@ pub(crate) const FRAME_OVERHEAD: usize = 8 * 1024;
 /// What one node asks another.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum PeerRequest {
-    /// The first frame on a connection: who is calling, for which namespace.
-    Hello { namespace: String, node: String },
+    /// The first frame on a connection: who is calling, for which
+    /// namespace, and what it speaks beyond the requests every version
+    /// does ([`FEATURE_TOPICS`]). `features` is last: an older receiver
+    /// ignores it (postcard leaves trailing bytes unread), and an older
+    /// sender's hello, which ends before it, reads as speaking none
+    /// ([`decode_frame`]).
+    Hello {
+        namespace: String,
+        node: String,
+        features: u64,
+    },
     /// Call a key; the response carries its reply.
     Call {
         module: String,
@@ -74,6 +83,55 @@ pub(crate) enum PeerRequest {
     /// Which module versions the receiver has loaded; the response carries
     /// them postcard-encoded (see `node/deploy.rs`).
     LoadedModules,
+    /// Cluster-wide pub/sub: the sender's subscriber counts by topic, as
+    /// changed (`pubsub/interest.rs`); the response is an [`InterestAck`].
+    /// Sent only to a peer whose hello said [`FEATURE_TOPICS`].
+    Interest(InterestUpdate),
+    /// Cluster-wide pub/sub: publications for the receiver's own
+    /// subscribers, in the order they were published on the sender. The
+    /// receiver delivers them and never forwards them again; the response
+    /// is empty. Sent only to a peer whose hello said [`FEATURE_TOPICS`].
+    Publish { publications: Vec<Publication> },
+}
+
+/// The [`PeerRequest::Hello`] feature bit of cluster-wide pub/sub
+/// ([`PeerRequest::Interest`] and [`PeerRequest::Publish`]).
+pub(crate) const FEATURE_TOPICS: u64 = 1;
+
+/// A change of the sender's interest: for each topic, how many subscriber
+/// processes it has now (0: none left).
+///
+/// Updates of one *stream* are numbered from 0; the receiver applies one
+/// only if it is the next of the stream it holds, or if it starts a stream
+/// (`reset`: forget what the sender said before; the sender's whole
+/// interest follows, in as many updates as it needs). Anything else is
+/// answered [`InterestAck::Resync`] and the sender starts a new stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InterestUpdate {
+    /// The sender's node name.
+    pub(crate) node: String,
+    pub(crate) stream: u64,
+    pub(crate) seq: u64,
+    pub(crate) reset: bool,
+    pub(crate) counts: Vec<(String, u32)>,
+}
+
+/// The receiver's answer to an [`InterestUpdate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum InterestAck {
+    /// Applied.
+    Applied,
+    /// Not the next update of the stream the receiver holds: start a new
+    /// stream.
+    Resync,
+}
+
+/// One publication forwarded to a peer: the topic (already scoped to its
+/// tenant) and the payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Publication {
+    pub(crate) topic: String,
+    pub(crate) payload: Vec<u8>,
 }
 
 /// One key's handoff state, on its way to the new owner.
@@ -192,9 +250,9 @@ pub(crate) fn encode(frame: &Frame) -> Result<Bytes> {
 /// postcard's error for a frame that is not one.
 pub(crate) fn decode_frame(bytes: &[u8]) -> std::result::Result<Frame, postcard::Error> {
     match postcard::from_bytes(bytes) {
-        Err(postcard::Error::DeserializeUnexpectedEnd) => {
-            older_handoff(bytes).ok_or(postcard::Error::DeserializeUnexpectedEnd)
-        }
+        Err(postcard::Error::DeserializeUnexpectedEnd) => older_handoff(bytes)
+            .or_else(|| older_hello(bytes))
+            .ok_or(postcard::Error::DeserializeUnexpectedEnd),
         read => read,
     }
 }
@@ -217,6 +275,40 @@ fn older_handoff(bytes: &[u8]) -> Option<Frame> {
         }),
         _ => None,
     }
+}
+
+/// `bytes` as an older sender's hello (no `features`), if that is all
+/// they are: a peer that speaks none of the newer requests.
+fn older_hello(bytes: &[u8]) -> Option<Frame> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((
+            OlderHelloFrame::Request {
+                id,
+                body: OlderHello::Hello { namespace, node },
+            },
+            [],
+        )) => Some(Frame::Request {
+            id,
+            body: PeerRequest::Hello {
+                namespace,
+                node,
+                features: 0,
+            },
+        }),
+        _ => None,
+    }
+}
+
+/// A hello as a sender of the version before `features` wrote it.
+#[derive(Debug, Serialize, Deserialize)]
+enum OlderHelloFrame {
+    Request { id: u64, body: OlderHello },
+}
+
+/// [`PeerRequest::Hello`] as [`OlderHelloFrame`] reads it.
+#[derive(Debug, Serialize, Deserialize)]
+enum OlderHello {
+    Hello { namespace: String, node: String },
 }
 
 /// A frame as a sender of the version before move attempts wrote a
@@ -442,5 +534,41 @@ mod tests {
                 manifest_of(&frame)
             );
         }
+    }
+
+    #[test]
+    fn a_hello_without_features_reads_as_speaking_none_and_an_older_receiver_reads_one_with() {
+        let old = OlderHelloFrame::Request {
+            id: 0,
+            body: OlderHello::Hello {
+                namespace: "ns".to_owned(),
+                node: "n1".to_owned(),
+            },
+        };
+        let bytes = postcard::to_stdvec(&old).unwrap();
+        let Frame::Request {
+            id: 0,
+            body: PeerRequest::Hello { node, features, .. },
+        } = decode_frame(&bytes).unwrap()
+        else {
+            panic!("not a hello")
+        };
+        assert_eq!((node.as_str(), features), ("n1", 0));
+        let new = Frame::Request {
+            id: 0,
+            body: PeerRequest::Hello {
+                namespace: "ns".to_owned(),
+                node: "n2".to_owned(),
+                features: FEATURE_TOPICS,
+            },
+        };
+        let bytes = encode(&new).unwrap();
+        let OlderHelloFrame::Request {
+            body: OlderHello::Hello { node, .. },
+            ..
+        } = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(node, "n2");
+        // A cut-short hello is still refused.
+        assert!(decode_frame(&bytes[..bytes.len() - 3]).is_err());
     }
 }

@@ -306,7 +306,14 @@ impl super::KeyCtx {
                     }
                 }
                 Output::Publish { topic, payload } => {
-                    services.pubsub.publish(&topic, &payload);
+                    let published =
+                        services
+                            .pubsub
+                            .publish(&topic, &payload, self.env.mailbox.ledger());
+                    services
+                        .metrics
+                        .topics()
+                        .published(published.forwarded, published.dropped);
                 }
                 Output::Timer {
                     id,

@@ -40,10 +40,12 @@ use crate::sync::lock;
 
 mod alarms;
 mod striped;
+mod topics;
 
 pub(crate) use alarms::AlarmMetrics;
 pub(crate) use striped::{CallCounter, SecondsCounter};
 use striped::{LatencyHistogram, StripedU64};
+pub(crate) use topics::{Dropped, TopicMetrics};
 
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -116,6 +118,7 @@ pub(crate) struct Metrics {
     api_connections_closed: Family<Labels1, Counter>,
     storage: crate::storage::writer::StorageMetrics,
     alarms: AlarmMetrics,
+    topics: TopicMetrics,
     gauges: Gauges,
     /// Each module's call series, looked up once (see [`CallSeries`]), with
     /// the calls it served here (local and for peers) for the dashboard's
@@ -162,6 +165,11 @@ impl Metrics {
         self.alarms.clone()
     }
 
+    /// The cluster-wide pub/sub series.
+    pub(crate) fn topics(&self) -> &TopicMetrics {
+        &self.topics
+    }
+
     /// Fresh metrics, every series registered.
     pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("fief");
@@ -191,6 +199,7 @@ impl Metrics {
         let gauges = Gauges::default();
         let storage = crate::storage::writer::StorageMetrics::register(&mut registry);
         let alarms = AlarmMetrics::register(&mut registry);
+        let topics = TopicMetrics::register(&mut registry);
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
         r.register(
@@ -406,6 +415,7 @@ impl Metrics {
             api_connections_closed,
             storage,
             alarms,
+            topics,
             gauges,
             call_series: arc_swap::ArcSwap::default(),
         }

@@ -35,6 +35,8 @@
 //!   and the module follower every node runs;
 //! - `moves.rs`: graceful moves out (stop keys for handoff, send states,
 //!   transfer at the arbiter), the leader's move requests, and `leave`;
+//! - `topics.rs`: cluster-wide pub/sub over the peer links (interest and
+//!   forwarded publications);
 //! - `status.rs`: the node's snapshot ([`Status`]) and its parts;
 //! - `metrics_page.rs`: what `GET /metrics` reads of the node at scrape
 //!   time (the gauges' readings; the counters are `crate::metrics`'s).
@@ -48,6 +50,7 @@ mod moves;
 mod routing;
 mod start;
 mod status;
+mod topics;
 
 use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashMap};
@@ -240,6 +243,9 @@ pub struct Instance {
     peer_server: Option<tokio::task::JoinHandle<()>>,
     /// The alarm loop (`node/alarms.rs`), stopped with the node.
     alarm_loop: AbortOnDrop,
+    /// The topics loop and its peer feeds (`node/topics.rs`), stopped with
+    /// the node.
+    topics_loop: AbortOnDrop,
     /// The guest threads. Dropped last (after a shutdown has waited for the
     /// key tasks), it drops whatever key task is left: a node dropped
     /// without a shutdown ends like a crash, and its threads with it.
@@ -516,6 +522,7 @@ impl Instance {
     pub async fn crash(self) {
         self.coordination.abort();
         self.alarm_loop.0.abort();
+        self.topics_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }
@@ -533,6 +540,7 @@ impl Instance {
     pub async fn shutdown(self) {
         self.coordination.abort();
         self.alarm_loop.0.abort();
+        self.topics_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }

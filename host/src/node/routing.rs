@@ -315,6 +315,8 @@ impl NodeShared {
             PeerRequest::LoadedModules => Ok(self.loaded_modules()),
             PeerRequest::Cache(op) => self.cache_local(op).map(|outcome| outcome.encode()),
             PeerRequest::Hello { .. } => Ok(Vec::new()),
+            PeerRequest::Interest(update) => self.serve_interest(update),
+            PeerRequest::Publish { publications } => self.serve_publications(publications),
         }
     }
 }

@@ -199,6 +199,7 @@ impl InstanceBuilder {
         );
         let guest = guest_pool.handle().clone();
         let fence_gate = membership.gate();
+        let pubsub = PubSub::new(&config.node_id);
         let shared = Arc::new_cyclic(|node: &Weak<NodeShared>| NodeShared {
             services: Arc::new(KeyServices {
                 node_id: NodeId::new(&config.node_id),
@@ -206,7 +207,7 @@ impl InstanceBuilder {
                 config,
                 runtime,
                 guest,
-                pubsub: PubSub::default(),
+                pubsub,
                 tasks: TaskTracker::new(),
                 limbo,
                 clock,
@@ -260,6 +261,8 @@ impl InstanceBuilder {
         }
         let alarm_loop =
             super::AbortOnDrop(tokio::spawn(super::alarms::run(Arc::downgrade(&shared))));
+        let topics_loop =
+            super::AbortOnDrop(tokio::spawn(super::topics::run(Arc::downgrade(&shared))));
         let peer_server = peer_listener.map(|listener| {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
         });
@@ -281,6 +284,7 @@ impl InstanceBuilder {
             coordination: Coordination(coordination),
             peer_server,
             alarm_loop,
+            topics_loop,
             _guest_pool: guest_pool,
         })
     }

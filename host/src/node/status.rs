@@ -125,6 +125,12 @@ pub struct Status {
     pub cache: CacheStats,
     /// Topics with subscribers on this node.
     pub topics: usize,
+    /// Topics with subscribers on other nodes, as each peer advertised them
+    /// here (summed over the peers): the publications made here that are
+    /// forwarded.
+    pub remote_topics: usize,
+    /// Publications waiting to be forwarded to peers.
+    pub publications_queued: usize,
     /// Deployed modules.
     pub modules: Vec<ModuleInfo>,
     /// Where keys' durable state is kept (the storage backend, no secret).
@@ -200,6 +206,8 @@ impl Instance {
             guest_memory_bytes: self.shared.guest_memory.bytes(),
             cache: shared.cache_stats(),
             topics: shared.pubsub.topic_count(),
+            remote_topics: shared.pubsub.remote_topic_count(),
+            publications_queued: shared.pubsub.queued(),
             modules,
         }
     }
