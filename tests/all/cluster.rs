@@ -66,6 +66,14 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
 
+/// `modules`, each with the default options.
+fn with_defaults<'a>(modules: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str, ModuleOptions)> {
+    modules
+        .iter()
+        .map(|&(name, path)| (name, path, ModuleOptions::default()))
+        .collect()
+}
+
 /// The configuration of node `n<id>`.
 pub fn config(id: usize) -> NodeConfig {
     NodeConfig {
@@ -343,6 +351,11 @@ impl Cluster {
     /// Start `n` nodes, `n0` first (so it leads and takes every partition),
     /// each with `modules` deployed before it joins.
     pub async fn start(n: usize, modules: &[(&str, &str)]) -> Cluster {
+        Cluster::launch(n, &with_defaults(modules), false, None).await
+    }
+
+    /// As [`Cluster::start`], each module deployed with its own options.
+    pub async fn start_with_options(n: usize, modules: &[(&str, &str, ModuleOptions)]) -> Cluster {
         Cluster::launch(n, modules, false, None).await
     }
 
@@ -352,18 +365,18 @@ impl Cluster {
         modules: &[(&str, &str)],
         stores: Vec<Arc<dyn fief::storage::Backend>>,
     ) -> Cluster {
-        Cluster::launch(stores.len(), modules, false, Some(stores)).await
+        Cluster::launch(stores.len(), &with_defaults(modules), false, Some(stores)).await
     }
 
     /// As [`Cluster::start`], with every node's peers reaching it through a
     /// [`PeerProxy`] that [`Cluster::set_peer_reachable`] can cut.
     pub async fn start_proxied(n: usize, modules: &[(&str, &str)]) -> Cluster {
-        Cluster::launch(n, modules, true, None).await
+        Cluster::launch(n, &with_defaults(modules), true, None).await
     }
 
     async fn launch(
         n: usize,
-        modules: &[(&str, &str)],
+        modules: &[(&str, &str, ModuleOptions)],
         proxied: bool,
         stores: Option<Vec<Arc<dyn fief::storage::Backend>>>,
     ) -> Cluster {
@@ -404,8 +417,8 @@ impl Cluster {
                 .clock(Arc::new(clock.clone()))
                 .peer_listener(listener)
                 .observer(lives.observer());
-            for (name, path) in modules {
-                builder = builder.module(name, guests::bytes(path), ModuleOptions::default());
+            for (name, path, options) in modules {
+                builder = builder.module(name, guests::bytes(path), options.clone());
             }
             let node = builder.start().await.unwrap();
             assert_eq!(node.status().lease, LeaseState::Current, "n{i} joined");
@@ -640,15 +653,22 @@ impl Cluster {
 
     /// A key whose partition node `n<i>` owns, per the arbiter.
     pub async fn key_owned_by(&self, i: usize) -> String {
+        self.key_owned_by_except(i, &[]).await
+    }
+
+    /// A key whose partition node `n<i>` owns, per the arbiter, other than
+    /// those in `except`.
+    pub async fn key_owned_by_except(&self, i: usize, except: &[&str]) -> String {
         let partitions = PartitionCount::new(PARTITIONS).unwrap();
         let table = self.arbiter_table().await;
         let owner = NodeId::new(format!("n{i}"));
         (0..1000)
             .map(|k| format!("key-{k}"))
             .find(|key| {
-                table
-                    .owner(partitions.of(key))
-                    .is_some_and(|a| a.node == owner)
+                !except.contains(&key.as_str())
+                    && table
+                        .owner(partitions.of(key))
+                        .is_some_and(|a| a.node == owner)
             })
             .unwrap_or_else(|| panic!("n{i} owns no partition"))
     }

@@ -249,3 +249,36 @@ async fn a_room_keeps_what_was_said() {
     );
     node.shutdown().await;
 }
+
+/// `room` keys `<room>/<member>` are members of the room `<room>`, as is
+/// the key `<room>` itself (a key with no `/`): a member hears what the
+/// others of its room say, and a member of another room hears nothing.
+#[tokio::test]
+async fn room_members_hear_their_room() {
+    let node = node_with(&[("room", guests::ROOM)]).await;
+    // Start the members: each subscribes in `init`.
+    for key in ["lobby/ann", "lobby/bob", "attic/ann"] {
+        assert_eq!(call_text(&node, "room", key, "get").await, "", "{key}");
+    }
+    assert_eq!(
+        call_text(&node, "room", "lobby/ann", "say hi bob").await,
+        "2"
+    );
+    // The key `lobby` starts (and joins its room) with this call.
+    assert_eq!(call_text(&node, "room", "lobby", "say hi all").await, "3");
+    assert_eq!(
+        call_text(&node, "room", "lobby/bob", "get").await,
+        "hi bob\nhi all"
+    );
+    assert_eq!(
+        call_text(&node, "room", "lobby/ann", "get").await,
+        "hi bob\nhi all"
+    );
+    assert_eq!(call_text(&node, "room", "lobby", "get").await, "hi all");
+    assert_eq!(
+        call_text(&node, "room", "attic/ann", "get").await,
+        "",
+        "another room hears nothing"
+    );
+    node.shutdown().await;
+}

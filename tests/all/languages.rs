@@ -550,7 +550,8 @@ async fn python_and_js_keys_keep_durable_state() {
 
 /// `examples/room-js` is the Rust `room` in JavaScript: key `lobby` of both
 /// modules subscribes to `room:lobby`, so what one says the other keeps, in
-/// the order the node delivered it; a refusal names the commands.
+/// the order the node delivered it; so do the members `lobby/<member>` of
+/// either module; a refusal names the commands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn room_js_and_the_rust_room_share_a_topic() {
     let node = node_with_options(
@@ -573,6 +574,25 @@ async fn room_js_and_the_rust_room_share_a_topic() {
         .await;
     }
     // A JS room of another name hears nothing.
+    assert_eq!(call_text(&node, "room-js", "attic", "get").await, "");
+    // Members `<room>/<member>` of either language are in the room too.
+    assert_eq!(call_text(&node, "room-js", "lobby/zoe", "get").await, "");
+    assert_eq!(call_text(&node, "room", "lobby/ann", "get").await, "");
+    assert_eq!(
+        call_text(&node, "room-js", "lobby/zoe", "say welcome").await,
+        "4"
+    );
+    for (module, key, kept) in [
+        ("room", "lobby", "hello\nhi back\nwelcome"),
+        ("room-js", "lobby", "hello\nhi back\nwelcome"),
+        ("room", "lobby/ann", "welcome"),
+        ("room-js", "lobby/zoe", "welcome"),
+    ] {
+        eventually_async(PATIENCE, "every member got the welcome", || async {
+            call_text(&node, module, key, "get").await == kept
+        })
+        .await;
+    }
     assert_eq!(call_text(&node, "room-js", "attic", "get").await, "");
     match node.call("room-js", "lobby", b"shout".to_vec()).await {
         Err(Error::Rejected(why)) => {

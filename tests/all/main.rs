@@ -41,3 +41,5 @@ mod storage_processes;
 mod tenants;
 mod tidy;
 mod tls;
+mod topics_cluster;
+mod topics_processes;
