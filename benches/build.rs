@@ -1,5 +1,5 @@
 //! Builds the `counter`, `stored-counter` and `reminders` examples and the `spin`,
-//! `hostile` and `vault` test guests from source for `wasm32-wasip2`, with
+//! `hostile`, `vault` and `probe` test guests from source for `wasm32-wasip2`, with
 //! the same code as the tests' build script and into the same target
 //! directory, so the tests and the benchmarks share one guest build.
 
@@ -13,6 +13,7 @@ const GUESTS: &[&str] = &[
     "spin",
     "hostile",
     "vault",
+    "probe",
 ];
 
 fn main() {

@@ -10,6 +10,7 @@ const GUESTS: &[&str] = &[
     "counter",
     "stored-counter",
     "reminders",
+    "chat",
     "room",
     "probe",
     "spin",

@@ -62,6 +62,17 @@ pub trait Key: Sized + 'static {
     /// deleted).
     fn handle_alarm(&mut self, _name: String, _attempt: u32) {}
 
+    /// Handles something that happened to one of this key's WebSocket
+    /// connections (`GET /v1/keys/{module}/{key}/connect`): answer with
+    /// [`crate::connections`]. The default closes every connection that
+    /// opens (code 1000, "this key takes no WebSocket connections") and
+    /// ignores the rest: implement it to accept them.
+    fn handle_connection(&mut self, event: crate::connections::Event) {
+        if let crate::connections::Event::Opened { id, .. } = event {
+            crate::connections::close(id, 1000, "this key takes no WebSocket connections");
+        }
+    }
+
     /// Decides what to do when this key's node fenced itself (only called for
     /// modules deployed with `on-fence = callback`); answer within
     /// `deadline_ms` milliseconds or the process is killed.
@@ -161,6 +172,17 @@ pub fn handle_info<K: Key>(slot: &'static LocalKey<Slot<K>>, info: Info) {
 #[doc(hidden)]
 pub fn handle_alarm<K: Key>(slot: &'static LocalKey<Slot<K>>, name: String, attempt: u32) {
     with_instance(slot, "handle-alarm", |key| key.handle_alarm(name, attempt));
+}
+
+/// `connection-handler`'s functions, as one event.
+#[doc(hidden)]
+pub fn handle_connection<K: Key>(
+    slot: &'static LocalKey<Slot<K>>,
+    event: crate::connections::Event,
+) {
+    with_instance(slot, "connection-handler", |key| {
+        key.handle_connection(event)
+    });
 }
 
 /// `lifecycle.handle-fence`.

@@ -1,9 +1,10 @@
 //! `fief-guest`: write a Fief key module in plain Rust.
 //!
 //! A *key module* is a WebAssembly component implementing the WIT world
-//! `fief:key/key-module-with-alarms@0.1.0` (`wit/key.wit`: `key-module`,
-//! which the node requires, plus the optional `alarm-handler` export that
-//! lets its keys be woken by durable alarms). The node starts one instance
+//! `fief:key/key-module-realtime@0.1.0` (`wit/key.wit`: `key-module`, which
+//! the node requires, plus the optional `alarm-handler` export that lets its
+//! keys be woken by durable alarms and the optional `connection-handler`
+//! export that lets clients hold WebSocket connections to them). The node starts one instance
 //! of it per live key (a *key process*), hands it one message at a time, and
 //! grants it effects only through the `host` interface. This crate hides the
 //! WIT plumbing:
@@ -12,7 +13,9 @@
 //! - export it once with [`export_key!`];
 //! - reach the node through [`host`] (timers, pub/sub, calls to other keys,
 //!   logging), keep durable state with [`storage`], be woken at a time
-//!   you choose with [`alarms`] (and [`Key::handle_alarm`]), and encode
+//!   you choose with [`alarms`] (and [`Key::handle_alarm`]), talk to
+//!   WebSocket clients with [`connections`] (and [`Key::handle_connection`]),
+//!   and encode
 //!   typed messages with [`codec`].
 //!
 //! The crate owns the guest side of the contract only: it never decides
@@ -96,6 +99,7 @@ extern crate self as fief_guest;
 pub mod alarms;
 pub mod cache;
 pub mod codec;
+pub mod connections;
 pub mod host;
 mod key;
 mod read_cache;
@@ -188,6 +192,36 @@ macro_rules! export_key {
                 }
             }
 
+            impl $crate::__private::ConnectionGuest for FiefKeyExport {
+                fn connection_opened(id: u64, resumed: bool) {
+                    $crate::__private::handle_connection::<$key>(
+                        &FIEF_KEY_INSTANCE,
+                        $crate::connections::Event::Opened { id, resumed },
+                    )
+                }
+
+                fn connection_text(id: u64, text: $crate::__private::String) {
+                    $crate::__private::handle_connection::<$key>(
+                        &FIEF_KEY_INSTANCE,
+                        $crate::connections::Event::Text { id, text },
+                    )
+                }
+
+                fn connection_binary(id: u64, data: $crate::__private::Vec<u8>) {
+                    $crate::__private::handle_connection::<$key>(
+                        &FIEF_KEY_INSTANCE,
+                        $crate::connections::Event::Binary { id, data },
+                    )
+                }
+
+                fn connection_closed(id: u64, code: u16, reason: $crate::__private::String) {
+                    $crate::__private::handle_connection::<$key>(
+                        &FIEF_KEY_INSTANCE,
+                        $crate::connections::Event::Closed { id, code, reason },
+                    )
+                }
+            }
+
             $crate::__private::bindings::__export_key_module!(
                 FiefKeyExport with_types_in $crate::__private::bindings
             );
@@ -199,10 +233,11 @@ macro_rules! export_key {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::key::{
-        Slot, handle_alarm, handle_call, handle_cast, handle_fence, handle_info, handoff, init,
-        terminate,
+        Slot, handle_alarm, handle_call, handle_cast, handle_connection, handle_fence, handle_info,
+        handoff, init, terminate,
     };
     pub use bindings::exports::fief::key::alarm_handler::Guest as AlarmGuest;
+    pub use bindings::exports::fief::key::connection_handler::Guest as ConnectionGuest;
     pub use bindings::exports::fief::key::lifecycle::Guest;
     pub use std::option::Option;
     pub use std::result::Result;
@@ -220,7 +255,7 @@ pub mod __private {
     pub mod bindings {
         wit_bindgen::generate!({
             path: "../wit",
-            world: "key-module-with-alarms",
+            world: "key-module-realtime",
             // The export macro must be callable from the module crate, where
             // neither `wit_bindgen` nor these bindings are in scope by name.
             pub_export_macro: true,

@@ -32,6 +32,7 @@ wasmtime::component::bindgen!({
 
 pub use self::exports::fief::key::lifecycle;
 pub use self::fief::key::alarms;
+pub use self::fief::key::connections;
 pub use self::fief::key::host;
 pub use self::fief::key::storage;
 pub use self::fief::key::types;

@@ -242,6 +242,28 @@ pub enum Error {
         /// The node's `http_max_connections`.
         limit: usize,
     },
+    /// A WebSocket connect past the node's or the tenant's connection limit.
+    #[error(
+        "{scope} holds its maximum of {limit} WebSocket connections on this node; close some, connect to another node, or ask the operator to raise {option}"
+    )]
+    TooManySockets {
+        /// Who is full: "this node" or "tenant <name>".
+        scope: String,
+        /// The limit.
+        limit: usize,
+        /// The option that sets it.
+        option: &'static str,
+    },
+    /// A WebSocket connect to a module that takes no connections.
+    #[error(
+        "module {0} takes no WebSocket connections: it exports no fief:key/connection-handler (build it for the key-module-realtime world; with the Rust SDK, implement `Key::connection_opened` and the others)"
+    )]
+    NotConnectable(String),
+    /// A request to the WebSocket endpoint that is not a WebSocket upgrade.
+    #[error(
+        "{0}: connect with a WebSocket client (GET with `Connection: upgrade`, `Upgrade: websocket`)"
+    )]
+    UpgradeRequired(String),
     /// A cache write's precondition (`If-Match` / `If-None-Match`) did not
     /// hold; nothing was written.
     #[error(
@@ -336,6 +358,9 @@ impl Error {
             Error::AlreadyLeaving => "already_leaving",
             Error::NotOwner { .. } => "not_owner",
             Error::Overloaded { .. } => "overloaded",
+            Error::TooManySockets { .. } => "too_many_connections",
+            Error::NotConnectable(_) => "not_connectable",
+            Error::UpgradeRequired(_) => "upgrade_required",
             Error::HostMemory { .. } => "host_memory",
             Error::CompileBusy { .. } => "compile_busy",
             Error::TooManyKeys { .. } | Error::PoolFull { .. } => "too_many_keys",
@@ -379,13 +404,15 @@ impl Error {
             | Error::HandoffTooLarge { .. } => 413,
             Error::VersionConflict { .. } => 412,
             Error::InvalidModule(_) | Error::InitRefused(_) | Error::Rejected(_) => 422,
-            Error::Deadlock | Error::AlreadyLeaving => 409,
+            Error::Deadlock | Error::AlreadyLeaving | Error::NotConnectable(_) => 409,
             Error::MethodNotAllowed(_) => 405,
+            Error::UpgradeRequired(_) => 426,
             Error::Overloaded { .. }
             | Error::HostMemory { .. }
             | Error::TooManyKeys { .. }
             | Error::PoolFull { .. }
             | Error::CacheFull { .. }
+            | Error::TooManySockets { .. }
             | Error::CompileBusy { .. } => 429,
             Error::UriTooLong { .. } => 414,
             Error::HeadersTooLarge { .. } => 431,

@@ -44,7 +44,7 @@ impl KeyCtx {
 
     /// Run a synchronous import, charging its host time and its `lifted`
     /// bytes of arguments to the callback's CPU budget.
-    fn charged<T>(
+    pub(crate) fn charged<T>(
         &mut self,
         lifted: usize,
         import: impl FnOnce(&mut Self) -> wasmtime::Result<T>,

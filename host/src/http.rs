@@ -93,6 +93,7 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         )
         .route("/v1/keys/{module}/{key}/call", post(call))
         .route("/v1/keys/{module}/{key}/cast", post(cast))
+        .route("/v1/keys/{module}/{key}/connect", get(connect))
         .route("/v1/keys/{module}/{key}", axum::routing::delete(kill))
         .route("/v1/keys", get(keys))
         .route("/v1/state/{module}/{key}", get(state))
@@ -261,6 +262,22 @@ async fn cast(
     let message = read_body(body, limit).await?;
     instance.cast(&module, &key, message.to_vec())?;
     Ok((StatusCode::ACCEPTED, axum::Json(json!({"queued": true}))))
+}
+
+/// `GET /v1/keys/{module}/{key}/connect`: a WebSocket connection to the
+/// key, held by this node (`docs/realtime.md`).
+async fn connect(
+    State(instance): State<Arc<Instance>>,
+    Extension(who): Extension<Identity>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Result<axum::response::Response, Error> {
+    let (module, key) = key_path(&who, path)?;
+    let upgrade = upgrade.map_err(|e| Error::UpgradeRequired(e.to_string()))?;
+    instance.accept_socket(&module, &key, upgrade)
 }
 
 async fn kill(

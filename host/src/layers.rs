@@ -67,6 +67,7 @@ const TABLE: &[(&str, Row)] = &[
     ("key", Row::Keys),
     ("host_api", Row::Keys),
     ("storage_api", Row::Keys),
+    ("connections_api", Row::Keys),
     ("event_log", Row::Keys),
     // A key's parts, and the key layer's shared types they may name: the
     // store's data type their linker is built for (`KeyCtx`), a queued
@@ -74,6 +75,7 @@ const TABLE: &[(&str, Row)] = &[
     ("limbo", Row::KeyParts),
     ("mailbox", Row::KeyParts),
     ("pubsub", Row::KeyParts),
+    ("connections", Row::KeyParts),
     ("module", Row::KeyParts),
     ("runtime", Row::KeyParts),
     ("key::KeyCtx", Row::KeyParts),

@@ -30,6 +30,8 @@ mod error;
 pub mod event_log;
 // Public only for the cargo-fuzz targets (fuzz/fuzz_targets/), a workspace
 // of their own that can reach nothing private; not API.
+mod connections;
+mod connections_api;
 #[doc(hidden)]
 pub mod fuzz;
 mod guest_log;

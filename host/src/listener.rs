@@ -88,6 +88,9 @@ struct ConnState {
     unflushed: bool,
     /// Closed by the accept loop to admit another connection.
     evicted: bool,
+    /// Upgraded to a WebSocket (a `101` went out): from then on its bytes
+    /// are the socket's, no HTTP head is scanned or timed.
+    upgraded: bool,
     /// While a request's body is being received: when it must have ended.
     body_deadline: Option<Instant>,
 }
@@ -108,6 +111,7 @@ impl Conn {
                 in_flight: 0,
                 unflushed: false,
                 evicted: false,
+                upgraded: false,
                 body_deadline: None,
             }),
             wake: Notify::new(),
@@ -415,6 +419,9 @@ where
             let mut app = app.clone();
             async move {
                 let Ok(response) = tower_service::Service::call(&mut app, request).await;
+                if response.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
+                    lock(&guard.0.state).upgraded = true;
+                }
                 Ok::<_, Infallible>(response.map(|body| Tracked {
                     body,
                     _guard: guard,
@@ -426,7 +433,14 @@ where
     // The watchdog keeps the time; hyper's own header timer would also cut
     // kept-alive connections at the header timeout.
     builder.max_buf_size(READ_BUFFER).header_read_timeout(None);
-    let mut http = std::pin::pin!(builder.serve_connection(TokioIo::new(watched), service));
+    // A WebSocket connect (`/v1/keys/{module}/{key}/connect`) hands the
+    // connection to its socket task once the `101` is out: this loop then
+    // ends and frees the connection's slot (sockets have their own limits).
+    let mut http = std::pin::pin!(
+        builder
+            .serve_connection(TokioIo::new(watched), service)
+            .with_upgrades()
+    );
     let mut stopping = false;
     let (io, refusal) = loop {
         tokio::select! {
@@ -649,6 +663,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
         }
         let in_head = {
             let mut state = lock(&this.conn.state);
+            if state.upgraded {
+                return Poll::Ready(Ok(()));
+            }
             match state.phase {
                 Phase::Busy => false,
                 Phase::Idle(_) => {

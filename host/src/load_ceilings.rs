@@ -122,6 +122,18 @@ pub(crate) fn lower_to_ceilings(
     );
     cap(
         &mut lowered,
+        "max_connections_per_key",
+        &mut o.max_connections_per_key,
+        c.max_connections_per_key,
+    );
+    cap(
+        &mut lowered,
+        "max_frames_per_second",
+        &mut o.max_frames_per_second,
+        c.max_frames_per_second,
+    );
+    cap(
+        &mut lowered,
         "memory_limit",
         &mut o.memory_limit,
         node.max_memory_per_key,

@@ -44,11 +44,12 @@ pub const MAX_FUNCTIONS: u64 = 100_000;
 pub const MAX_FUNCTION_BYTES: usize = 1024 * 1024;
 
 /// The interfaces of the `fief:key` package a key module may import.
-const FIEF_IMPORTS: [&str; 4] = [
+const FIEF_IMPORTS: [&str; 5] = [
     "fief:key/host",
     "fief:key/types",
     "fief:key/storage",
     "fief:key/alarms",
+    "fief:key/connections",
 ];
 
 /// The export that makes a component a key module.
@@ -102,6 +103,69 @@ pub struct CompiledModule {
     /// one (checked at deploy to have the WIT's type): only such a module
     /// may set alarms.
     pub(crate) alarm_handler: Option<ComponentExportIndex>,
+    /// Its `fief:key/connection-handler` export's functions, if it exports
+    /// one (checked at deploy): only such a module accepts connections.
+    pub(crate) connection_handler: Option<ConnectionHandler>,
+}
+
+/// The functions of a `fief:key/connection-handler` export.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnectionHandler {
+    pub(crate) opened: ComponentExportIndex,
+    pub(crate) text: ComponentExportIndex,
+    pub(crate) binary: ComponentExportIndex,
+    pub(crate) closed: ComponentExportIndex,
+}
+
+/// The interface a module exports to accept WebSocket connections.
+const CONNECTION_HANDLER: &str = "fief:key/connection-handler@0.1.0";
+
+/// Find the four functions of `component`'s `fief:key/connection-handler`
+/// export, each checked to have the WIT's type. `Ok(None)`: it exports none.
+fn connection_handler(component: &Component, engine: &Engine) -> Result<Option<ConnectionHandler>> {
+    use wasmtime::component::types::{ComponentItem, Type};
+    let ty = component.component_type();
+    let Some(exported) = ty.get_export(engine, CONNECTION_HANDLER) else {
+        return Ok(None);
+    };
+    let bad = |why: String| {
+        Error::InvalidModule(format!(
+            "the component exports {CONNECTION_HANDLER} but {why}; it must be the WIT's              (wit/key.wit; with the Rust SDK, implement `Key::connection_*`)"
+        ))
+    };
+    let ComponentItem::ComponentInstance(instance) = exported.ty else {
+        return Err(bad("not as an interface".to_owned()));
+    };
+    let interface = component.get_export_index(None, CONNECTION_HANDLER);
+    let find = |name: &str, typed: fn(&[Type]) -> bool| {
+        let Some(ComponentItem::ComponentFunc(func)) =
+            instance.get_export(engine, name).map(|e| e.ty)
+        else {
+            return Err(bad(format!("without a `{name}` function")));
+        };
+        let params: Vec<Type> = func.params().map(|(_, ty)| ty).collect();
+        if !typed(&params) || func.results().len() != 0 {
+            return Err(bad(format!("its `{name}` has another type")));
+        }
+        component
+            .get_export_index(interface.as_ref(), name)
+            .ok_or_else(|| bad(format!("without a `{name}` function")))
+    };
+    Ok(Some(ConnectionHandler {
+        opened: find("connection-opened", |p| {
+            matches!(p, [Type::U64, Type::Bool])
+        })?,
+        text: find("connection-text", |p| {
+            matches!(p, [Type::U64, Type::String])
+        })?,
+        binary: find(
+            "connection-binary",
+            |p| matches!(p, [Type::U64, list] if matches!(list, Type::List(l) if matches!(l.ty(), Type::U8))),
+        )?,
+        closed: find("connection-closed", |p| {
+            matches!(p, [Type::U64, Type::U16, Type::String])
+        })?,
+    }))
 }
 
 /// The interface a module exports to be woken by its alarms.
@@ -465,6 +529,7 @@ pub(crate) fn finish(
             name.starts_with("fief:key/storage") || name.starts_with("fief:key/alarms")
         });
     let alarm_handler = alarm_handler(&component, &runtime.engine)?;
+    let connection_handler = connection_handler(&component, &runtime.engine)?;
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         Error::InvalidModule(format!(
             "the component needs an import this node does not grant ({e:#}); a key module may import only fief:key/host, fief:key/storage, fief:key/alarms and WASI 0.2"
@@ -494,6 +559,7 @@ pub(crate) fn finish(
         deployed_at: SystemTime::now(),
         uses_storage,
         alarm_handler,
+        connection_handler,
     })
 }
 

@@ -34,7 +34,9 @@ use crate::error::{Error, Result};
 use crate::node::NodeShared;
 use crate::peer_auth::{PeerFramed, PeerSecurity};
 use crate::sync::lock;
-use crate::wire::{FEATURE_TOPICS, Frame, PeerRequest, WireError, codec, decode_frame, encode};
+use crate::wire::{
+    FEATURE_CONNECTIONS, FEATURE_TOPICS, Frame, PeerRequest, WireError, codec, decode_frame, encode,
+};
 
 /// Frames that may wait to be written on one connection.
 pub const OUTGOING_QUEUE: usize = 1024;
@@ -83,7 +85,7 @@ async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: Sock
                     tracing::warn!(%peer, %from, %namespace, "refusing a peer of another namespace");
                     break;
                 }
-                shared.pubsub.greeted(&from, features & FEATURE_TOPICS != 0);
+                shared.peers.greeted(&from, features);
                 greeted = true;
             }
             _ if !greeted => {
@@ -164,6 +166,9 @@ pub(crate) struct PeerPool {
     opening: tokio::sync::Mutex<()>,
     /// Peer addresses this node is cut off from (fault injection).
     cut: Mutex<std::collections::HashSet<String>>,
+    /// What each peer said it speaks in its hello (`wire::FEATURE_*`), by
+    /// node name: newer requests go only to peers that speak them.
+    features: Mutex<HashMap<String, u64>>,
 }
 
 impl PeerPool {
@@ -181,7 +186,20 @@ impl PeerPool {
             conns: Mutex::default(),
             opening: tokio::sync::Mutex::new(()),
             cut: Mutex::default(),
+            features: Mutex::default(),
         }
+    }
+
+    /// The peer `node` said hello, speaking `features`.
+    pub(crate) fn greeted(&self, node: &str, features: u64) {
+        lock(&self.features).insert(node.to_owned(), features);
+    }
+
+    /// Whether the peer `node` said, in its hello, that it speaks `feature`.
+    pub(crate) fn speaks(&self, node: &str, feature: u64) -> bool {
+        lock(&self.features)
+            .get(node)
+            .is_some_and(|features| features & feature != 0)
     }
 
     /// Cut (or restore) this node's link to the peer at `addr`: while cut,
@@ -236,7 +254,7 @@ impl PeerPool {
             body: PeerRequest::Hello {
                 namespace: self.namespace.clone(),
                 node: self.me.clone(),
-                features: FEATURE_TOPICS,
+                features: FEATURE_TOPICS | FEATURE_CONNECTIONS,
             },
         })
         .map_err(|_| Error::Internal("a new peer queue is full".to_owned()))?;

@@ -92,6 +92,93 @@ pub(crate) enum PeerRequest {
     /// receiver delivers them and never forwards them again; the response
     /// is empty. Sent only to a peer whose hello said [`FEATURE_TOPICS`].
     Publish { publications: Vec<Publication> },
+    /// WebSocket connections: events of connections the sender holds, for
+    /// the key `module`/`key` the receiver owns, in the order they
+    /// happened; the response is a [`ConnAck`]. Sent only to a peer whose
+    /// hello said [`FEATURE_CONNECTIONS`].
+    ConnEvents {
+        module: String,
+        key: String,
+        events: Vec<ConnEvent>,
+    },
+    /// WebSocket connections: frames and closes a key on the sender sent
+    /// to connections the receiver holds, in order; the response is empty.
+    /// Sent only to a peer whose hello said [`FEATURE_CONNECTIONS`].
+    ConnSend { sends: Vec<ConnSend> },
+}
+
+/// The [`PeerRequest::Hello`] feature bit of WebSocket connections
+/// ([`PeerRequest::ConnEvents`] and [`PeerRequest::ConnSend`]).
+pub(crate) const FEATURE_CONNECTIONS: u64 = 2;
+
+/// Something that happened to a WebSocket connection, for its key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ConnEvent {
+    /// The connection is attached to the key: it opened (`resumed` false),
+    /// or it is handed to a new owner. `via`: the node holding it.
+    Opened { id: u64, via: String, resumed: bool },
+    /// A text frame from the client.
+    Text { id: u64, text: String },
+    /// A binary frame from the client.
+    Binary { id: u64, data: Vec<u8> },
+    /// The connection closed.
+    Closed { id: u64, code: u16, reason: String },
+}
+
+impl ConnEvent {
+    /// The bytes of payload it carries.
+    pub(crate) fn payload_bytes(&self) -> usize {
+        match self {
+            ConnEvent::Opened { via, .. } => via.len(),
+            ConnEvent::Text { text, .. } => text.len(),
+            ConnEvent::Binary { data, .. } => data.len(),
+            ConnEvent::Closed { reason, .. } => reason.len(),
+        }
+    }
+}
+
+/// The owner's answer to [`PeerRequest::ConnEvents`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ConnAck {
+    /// Every event was queued for the key.
+    Delivered,
+    /// The connection was refused (a limit, or the module takes no
+    /// connections): close it with this code and reason.
+    Refused { code: u16, reason: String },
+    /// A frame of a connection the owner does not have attached (it became
+    /// the owner since): attach it (`opened`, `resumed`) and send again.
+    Unattached,
+}
+
+/// A frame or a close, from a key to one of its connections.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ConnSend {
+    /// A text frame.
+    Text { id: u64, text: String },
+    /// A binary frame.
+    Binary { id: u64, data: Vec<u8> },
+    /// Close it.
+    Close { id: u64, code: u16, reason: String },
+}
+
+impl ConnSend {
+    /// The connection it is for.
+    pub(crate) fn id(&self) -> u64 {
+        match self {
+            ConnSend::Text { id, .. }
+            | ConnSend::Binary { id, .. }
+            | ConnSend::Close { id, .. } => *id,
+        }
+    }
+
+    /// The bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            ConnSend::Text { text, .. } => text.len(),
+            ConnSend::Binary { data, .. } => data.len(),
+            ConnSend::Close { reason, .. } => reason.len(),
+        }
+    }
 }
 
 /// The [`PeerRequest::Hello`] feature bit of cluster-wide pub/sub

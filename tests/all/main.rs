@@ -35,6 +35,7 @@ mod observability;
 mod processes;
 mod runtime;
 mod self_fencing;
+mod sockets;
 mod storage;
 mod storage_cluster;
 mod storage_processes;

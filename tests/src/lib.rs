@@ -41,6 +41,9 @@ pub mod guests {
     /// `examples/reminders`: durable alarms (`set`, `cancel`, `alarms`,
     /// `fired`), their firings logged in storage.
     pub const REMINDERS: &str = env!("FIEF_GUEST_REMINDERS");
+    /// `examples/chat`: a chat room over WebSocket connections (every text
+    /// frame sent to every connection; `history`, `connections`, `say`).
+    pub const CHAT: &str = env!("FIEF_GUEST_CHAT");
     /// `tests/guests/vault`: every storage import and the output gate,
     /// driven by text commands.
     pub const VAULT: &str = env!("FIEF_GUEST_VAULT");

@@ -130,6 +130,22 @@ impl fief::bindings::alarms::Host for RawCtx {
     }
 }
 
+/// Nor WebSocket connections: the baseline's keys have none.
+impl fief::bindings::connections::Host for RawCtx {
+    fn send_text(&mut self, _: u64, _: String) -> wasmtime::Result<Result<(), EffectError>> {
+        Ok(Err(EffectError::Invalid("not in the baseline".to_owned())))
+    }
+    fn send_binary(&mut self, _: u64, _: Vec<u8>) -> wasmtime::Result<Result<(), EffectError>> {
+        Ok(Err(EffectError::Invalid("not in the baseline".to_owned())))
+    }
+    fn close(&mut self, _: u64, _: u16, _: String) -> wasmtime::Result<()> {
+        Ok(())
+    }
+    fn list_connections(&mut self) -> wasmtime::Result<Vec<u64>> {
+        Ok(Vec::new())
+    }
+}
+
 fn no_storage() -> StorageError {
     StorageError::Unavailable("the raw baseline keeps no state".to_owned())
 }

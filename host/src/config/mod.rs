@@ -41,6 +41,11 @@ pub use names::{validate_key, validate_module_name, validate_qualified_module_na
 /// Longest key name, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
 
+/// Most WebSocket connections a node may be configured to hold
+/// (`max_connections`): each holds two tasks, buffers and a file
+/// descriptor.
+pub const MAX_CONNECTIONS: u32 = 1_000_000;
+
 /// The largest weight `tenant_cpu_weights` may give a tenant.
 pub const MAX_TENANT_CPU_WEIGHT: u32 = 1000;
 
@@ -101,6 +106,14 @@ pub struct NodeConfig {
     /// At least `max_memory_per_key`. `None` (the default): no such budget
     /// (the pool's slots and the keys' `memory_limit`s bound memory).
     pub max_guest_memory: Option<ByteSize>,
+    /// Most WebSocket connections this node holds (`docs/realtime.md`);
+    /// a connect past it is refused (503). Default 10 000, at most
+    /// [`MAX_CONNECTIONS`].
+    pub max_connections: u32,
+    /// Most WebSocket connections one tenant's clients may hold on this
+    /// node; a connect past it is refused (429). Default 1 000, at most
+    /// `max_connections`.
+    pub max_connections_per_tenant: u32,
     /// How long a call waits for a reply before it fails with `timeout`,
     /// counted from when the call first waits: a call that runs on its
     /// caller's task (an idle key) may first run one slice, an epoch tick.
@@ -277,6 +290,8 @@ impl Default for NodeConfig {
             cpu_budget_per_tenant_window: Duration::from_secs(1),
             tenant_cpu_weights: std::collections::BTreeMap::new(),
             max_guest_memory: None,
+            max_connections: 10_000,
+            max_connections_per_tenant: 1_000,
             storage: None,
             data_dir: None,
             max_storage_bytes_per_tenant: ByteSize::gib(1),
@@ -385,6 +400,20 @@ impl NodeConfig {
             return bad(format!(
                 "cpu_budget_per_tenant_window ({:?}) must be between 10ms and 1m",
                 self.cpu_budget_per_tenant_window
+            ));
+        }
+        if self.max_connections == 0 || self.max_connections > MAX_CONNECTIONS {
+            return bad(format!(
+                "max_connections ({}) must be between 1 and {MAX_CONNECTIONS}",
+                self.max_connections
+            ));
+        }
+        if self.max_connections_per_tenant == 0
+            || self.max_connections_per_tenant > self.max_connections
+        {
+            return bad(format!(
+                "max_connections_per_tenant ({}) must be between 1 and max_connections ({})",
+                self.max_connections_per_tenant, self.max_connections
             ));
         }
         if let Some(budget) = self.max_guest_memory

@@ -62,6 +62,10 @@ pub struct ModuleCeilings {
     pub max_storage_writes_per_callback: u32,
     /// Most durable alarms of one key.
     pub max_alarms_per_key: u32,
+    /// Most WebSocket connections of one key.
+    pub max_connections_per_key: u32,
+    /// Most frames per second from one WebSocket connection.
+    pub max_frames_per_second: u32,
 }
 
 impl Default for ModuleCeilings {
@@ -80,6 +84,8 @@ impl Default for ModuleCeilings {
             max_storage_bytes_per_key: ByteSize::gib(1),
             max_storage_writes_per_callback: 100_000,
             max_alarms_per_key: 1024,
+            max_connections_per_key: 65_536,
+            max_frames_per_second: 100_000,
         }
     }
 }
@@ -89,7 +95,8 @@ impl ModuleCeilings {
     pub const NAMES: &'static str = "cpu_limit, idle_timeout, max_live_keys, mailbox_depth, \
         max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second, \
         max_host_bytes_per_key, cpu_budget, max_storage_value_size, max_storage_bytes_per_key, \
-        max_storage_writes_per_callback, max_alarms_per_key";
+        max_storage_writes_per_callback, max_alarms_per_key, max_connections_per_key, \
+        max_frames_per_second";
 
     /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`).
     ///
@@ -120,6 +127,8 @@ impl ModuleCeilings {
             }
             "max_storage_writes_per_callback" => self.max_storage_writes_per_callback = count()?,
             "max_alarms_per_key" => self.max_alarms_per_key = count()?,
+            "max_connections_per_key" => self.max_connections_per_key = count()?,
+            "max_frames_per_second" => self.max_frames_per_second = count()?,
             other => {
                 return Err(Error::Config(format!(
                     "unknown module ceiling {other:?}; known: {}",
@@ -190,6 +199,16 @@ impl ModuleCeilings {
             "max_alarms_per_key",
             o.max_alarms_per_key,
             self.max_alarms_per_key,
+        )?;
+        over(
+            "max_connections_per_key",
+            o.max_connections_per_key,
+            self.max_connections_per_key,
+        )?;
+        over(
+            "max_frames_per_second",
+            o.max_frames_per_second,
+            self.max_frames_per_second,
         )?;
         over("cpu_budget", o.cpu_budget, self.cpu_budget)
     }
@@ -277,6 +296,14 @@ pub struct ModuleOptions {
     /// Most durable alarms one key may hold (`fief:key/alarms`); a
     /// `set-alarm` of a new name past it fails with `limit`. Default 16.
     pub max_alarms_per_key: u32,
+    /// Most WebSocket connections one key may have attached
+    /// (`docs/realtime.md`); one more is closed at once with code 1008.
+    /// Default 64.
+    pub max_connections_per_key: u32,
+    /// Most frames per second one WebSocket connection's client may send
+    /// (a bucket of one second's worth); past it the connection is closed
+    /// with code 1008. Default 100.
+    pub max_frames_per_second: u32,
 }
 
 impl Default for ModuleOptions {
@@ -305,6 +332,8 @@ impl Default for ModuleOptions {
             max_storage_bytes_per_key: ByteSize::mib(16),
             max_storage_writes_per_callback: 1000,
             max_alarms_per_key: 16,
+            max_connections_per_key: 64,
+            max_frames_per_second: 100,
         }
     }
 }
@@ -369,6 +398,9 @@ impl ModuleOptions {
         }
         if self.max_publishes_per_second == 0 {
             return bad("max_publishes_per_second must be at least 1".to_owned());
+        }
+        if self.max_frames_per_second == 0 {
+            return bad("max_frames_per_second must be at least 1".to_owned());
         }
         if self.max_storage_writes_per_callback == 0 {
             return bad("max_storage_writes_per_callback must be at least 1".to_owned());
@@ -480,9 +512,11 @@ impl ModuleOptions {
                 self.max_storage_writes_per_callback = count(value)?
             }
             "max_alarms_per_key" => self.max_alarms_per_key = count(value)?,
+            "max_connections_per_key" => self.max_connections_per_key = count(value)?,
+            "max_frames_per_second" => self.max_frames_per_second = count(value)?,
             other => {
                 return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window, max_storage_value_size, max_storage_bytes_per_key, max_storage_writes_per_callback, max_alarms_per_key"
+                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window, max_storage_value_size, max_storage_bytes_per_key, max_storage_writes_per_callback, max_alarms_per_key, max_connections_per_key, max_frames_per_second"
                 )));
             }
         }

@@ -58,6 +58,7 @@ use tokio::sync::{Notify, oneshot};
 use crate::bindings::types::{Info, StopReason};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::wire::ConnEvent;
 
 use inline::Orphan;
 pub(crate) use linear_memory::GuestMemory;
@@ -323,6 +324,8 @@ pub(crate) enum Envelope {
     /// A durable alarm of the key is due (from the node's alarm loop);
     /// boxed, so that a queued message stays small.
     Alarm(Box<AlarmTicket>),
+    /// Something happened to one of the key's WebSocket connections.
+    Connection(Box<ConnEvent>),
 }
 
 /// A due alarm on its way to its key, with where its outcome goes.
@@ -374,6 +377,7 @@ impl Envelope {
                 ..
             } | Envelope::Cast { .. }
                 | Envelope::Alarm(_)
+                | Envelope::Connection(_)
         )
     }
 
@@ -387,6 +391,7 @@ impl Envelope {
                 Envelope::Info(Info::Published(p)) => p.topic.len() + p.payload.len(),
                 Envelope::Stop { .. } => 0,
                 Envelope::Alarm(ticket) => ticket.firing.alarm.name.len(),
+                Envelope::Connection(event) => event.payload_bytes(),
             }
     }
 
@@ -400,7 +405,10 @@ impl Envelope {
                 let _ = reply.send(Err(error));
             }
             // A dropped ticket reports that its handler did not run.
-            Envelope::Cast { .. } | Envelope::Info(_) | Envelope::Alarm(_) => {}
+            Envelope::Cast { .. }
+            | Envelope::Info(_)
+            | Envelope::Alarm(_)
+            | Envelope::Connection(_) => {}
         }
     }
 }

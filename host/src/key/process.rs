@@ -35,6 +35,7 @@ use crate::mailbox::WeakMailbox;
 use crate::module::CompiledModule;
 use crate::sandbox::PublishBucket;
 use crate::scheduler::{Scheduler, Seat};
+use crate::wire::ConnEvent;
 
 /// Most elements one table of a key may grow to (`table.grow` past it traps
 /// the key); the pool's per-table slot may be smaller.
@@ -262,12 +263,24 @@ pub(super) fn caller_error(why: String) -> Error {
     }
 }
 
+/// The functions of a module's `connection-handler` export, in one
+/// instance.
+#[derive(Clone, Copy)]
+struct ConnectionFuncs {
+    opened: wasmtime::component::Func,
+    text: wasmtime::component::Func,
+    binary: wasmtime::component::Func,
+    closed: wasmtime::component::Func,
+}
+
 /// A running key process: a store and the instance in it.
 pub(super) struct KeyProcess {
     pub(super) store: Store<KeyCtx>,
     guest: KeyModule,
     /// `alarm-handler.handle-alarm`, if the module exports it.
     alarm_handler: Option<wasmtime::component::Func>,
+    /// `connection-handler`'s functions, if the module exports them.
+    connection_handler: Option<ConnectionFuncs>,
     /// The key's CPU meter (the key's task and inline calls move it).
     pub(super) cpu: Arc<CpuMeter>,
 }
@@ -432,10 +445,19 @@ impl KeyProcess {
             .alarm_handler
             .as_ref()
             .and_then(|index| instance.get_func(&mut store, index));
+        let connection_handler = module.connection_handler.and_then(|h| {
+            Some(ConnectionFuncs {
+                opened: instance.get_func(&mut store, h.opened)?,
+                text: instance.get_func(&mut store, h.text)?,
+                binary: instance.get_func(&mut store, h.binary)?,
+                closed: instance.get_func(&mut store, h.closed)?,
+            })
+        });
         let mut process = KeyProcess {
             store,
             guest,
             alarm_handler,
+            connection_handler,
             cpu,
         };
         process.store.data_mut().storage.preload().await;
@@ -577,6 +599,44 @@ impl KeyProcess {
             Err(e) => Err(e),
         };
         self.settle(r).await.map(|()| FireOutcome::Committed)
+    }
+
+    /// Tell the guest what happened to one of its connections (a module
+    /// without `connection-handler` takes none: nothing to tell).
+    pub(super) async fn handle_connection(&mut self, event: &ConnEvent) -> Result<(), Death> {
+        let Some(funcs) = self.connection_handler else {
+            return Ok(());
+        };
+        self.store.data_mut().storage.preload().await;
+        self.begin_callback();
+        let store = &mut self.store;
+        let r = match event {
+            ConnEvent::Opened { id, resumed, .. } => {
+                match funcs.opened.typed::<(u64, bool), ()>(&*store) {
+                    Ok(f) => f.call_async(&mut *store, (*id, *resumed)).await,
+                    Err(e) => Err(e),
+                }
+            }
+            ConnEvent::Text { id, text } => match funcs.text.typed::<(u64, &str), ()>(&*store) {
+                Ok(f) => f.call_async(&mut *store, (*id, text.as_str())).await,
+                Err(e) => Err(e),
+            },
+            ConnEvent::Binary { id, data } => match funcs.binary.typed::<(u64, &[u8]), ()>(&*store)
+            {
+                Ok(f) => f.call_async(&mut *store, (*id, data.as_slice())).await,
+                Err(e) => Err(e),
+            },
+            ConnEvent::Closed { id, code, reason } => {
+                match funcs.closed.typed::<(u64, u16, &str), ()>(&*store) {
+                    Ok(f) => {
+                        f.call_async(&mut *store, (*id, *code, reason.as_str()))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        self.settle(r).await
     }
 
     pub(super) async fn handle_fence(

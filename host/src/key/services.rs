@@ -112,6 +112,9 @@ pub(crate) struct KeyServices {
     /// itself is the instance's).
     pub(crate) guest: Handle,
     pub(crate) pubsub: PubSub,
+    /// WebSocket connections: the sockets this node holds, the connections
+    /// attached to its keys, and what its keys send to other nodes'.
+    pub(crate) connections: crate::connections::Connections,
     /// Every key task (and the node's other tasks), waited for at shutdown.
     pub(crate) tasks: TaskTracker,
     pub(crate) limbo: Limbo,

@@ -555,7 +555,10 @@ impl ModuleSlot {
                     let _ = reply.send(Ok(None));
                 }
                 Envelope::Info(_) => {}
-                routed @ (Envelope::Call { .. } | Envelope::Cast { .. } | Envelope::Alarm(_)) => {
+                routed @ (Envelope::Call { .. }
+                | Envelope::Cast { .. }
+                | Envelope::Alarm(_)
+                | Envelope::Connection(_)) => {
                     let to = (&*env.key, partition, env.token);
                     if let Err(error) = self.deliver_in(&mut keys, services, to, routed, true) {
                         tracing::debug!(module = %self.name, key = %env.key, %error, "a message that arrived while the key retired was not delivered");

@@ -48,6 +48,8 @@ pub(crate) enum Output {
     },
     /// `publish(topic, payload)`, the topic already scoped.
     Publish { topic: String, payload: Vec<u8> },
+    /// A frame or a close for one of the key's WebSocket connections.
+    Connection(crate::wire::ConnSend),
     /// `send-after`: its id was given to the guest; it is armed on release.
     Timer {
         id: u64,
@@ -303,6 +305,12 @@ impl super::KeyCtx {
                     if let Err(e) = node.clone().cast_key(&module, &key, message) {
                         tracing::warn!(from = %self.env.module, %module, %key,
                             "a cast held for its commit was dropped: {e}");
+                    }
+                }
+                Output::Connection(send) => {
+                    if let Err(why) = crate::connections_api::send_now(self, &services, send) {
+                        tracing::debug!(module = %self.env.module, key = %self.env.key,
+                            "a connection frame held for its commit was dropped: {why:?}");
                     }
                 }
                 Output::Publish { topic, payload } => {

@@ -603,6 +603,10 @@ async fn dispatch(
             Ok(()) => Step::Continue,
             Err(Death(why)) => Step::Died(why),
         },
+        Envelope::Connection(event) => match process.handle_connection(&event).await {
+            Ok(()) => Step::Continue,
+            Err(Death(why)) => Step::Died(why),
+        },
         Envelope::Alarm(ticket) => {
             let firing = &ticket.firing;
             let name = firing.alarm.name.clone();

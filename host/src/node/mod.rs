@@ -37,6 +37,8 @@
 //!   transfer at the arbiter), the leader's move requests, and `leave`;
 //! - `topics.rs`: cluster-wide pub/sub over the peer links (interest and
 //!   forwarded publications);
+//! - `sockets.rs`: WebSocket connections to keys (accepting, holding,
+//!   routing their events, the outbox feeds);
 //! - `status.rs`: the node's snapshot ([`Status`]) and its parts;
 //! - `metrics_page.rs`: what `GET /metrics` reads of the node at scrape
 //!   time (the gauges' readings; the counters are `crate::metrics`'s).
@@ -48,6 +50,7 @@ mod deploy;
 mod metrics_page;
 mod moves;
 mod routing;
+mod sockets;
 mod start;
 mod status;
 mod topics;
@@ -246,6 +249,8 @@ pub struct Instance {
     /// The topics loop and its peer feeds (`node/topics.rs`), stopped with
     /// the node.
     topics_loop: AbortOnDrop,
+    /// The connection outbox loop and its feeds (`node/sockets.rs`).
+    sockets_loop: AbortOnDrop,
     /// The guest threads. Dropped last (after a shutdown has waited for the
     /// key tasks), it drops whatever key task is left: a node dropped
     /// without a shutdown ends like a crash, and its threads with it.
@@ -523,6 +528,7 @@ impl Instance {
         self.coordination.abort();
         self.alarm_loop.0.abort();
         self.topics_loop.0.abort();
+        self.sockets_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }
@@ -541,6 +547,7 @@ impl Instance {
         self.coordination.abort();
         self.alarm_loop.0.abort();
         self.topics_loop.0.abort();
+        self.sockets_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }

@@ -44,7 +44,12 @@ impl NodeShared {
 
     /// Put `envelope` in the key's mailbox on this node, if this node owns
     /// the key right now; never forwards.
-    fn deliver_local(self: &Arc<Self>, module: &str, key: &str, envelope: Envelope) -> Result<()> {
+    pub(super) fn deliver_local(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        envelope: Envelope,
+    ) -> Result<()> {
         validate_key(key)?;
         let slot = self.module(module)?;
         if let Envelope::Call { message, .. } | Envelope::Cast { message, .. } = &envelope {
@@ -317,6 +322,16 @@ impl NodeShared {
             PeerRequest::Hello { .. } => Ok(Vec::new()),
             PeerRequest::Interest(update) => self.serve_interest(update),
             PeerRequest::Publish { publications } => self.serve_publications(publications),
+            PeerRequest::ConnEvents {
+                module,
+                key,
+                events,
+            } => {
+                let ack = self.take_conn_events(&module, &key, events)?;
+                postcard::to_stdvec(&ack)
+                    .map_err(|e| Error::Internal(format!("encoding a connection ack: {e}")))
+            }
+            PeerRequest::ConnSend { sends } => Ok(self.serve_conn_sends(sends)),
         }
     }
 }

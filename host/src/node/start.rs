@@ -208,6 +208,7 @@ impl InstanceBuilder {
                 runtime,
                 guest,
                 pubsub,
+                connections: crate::connections::Connections::default(),
                 tasks: TaskTracker::new(),
                 limbo,
                 clock,
@@ -263,6 +264,8 @@ impl InstanceBuilder {
             super::AbortOnDrop(tokio::spawn(super::alarms::run(Arc::downgrade(&shared))));
         let topics_loop =
             super::AbortOnDrop(tokio::spawn(super::topics::run(Arc::downgrade(&shared))));
+        let sockets_loop =
+            super::AbortOnDrop(tokio::spawn(super::sockets::run(Arc::downgrade(&shared))));
         let peer_server = peer_listener.map(|listener| {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
         });
@@ -285,6 +288,7 @@ impl InstanceBuilder {
             peer_server,
             alarm_loop,
             topics_loop,
+            sockets_loop,
             _guest_pool: guest_pool,
         })
     }

@@ -131,6 +131,12 @@ pub struct Status {
     pub remote_topics: usize,
     /// Publications waiting to be forwarded to peers.
     pub publications_queued: usize,
+    /// WebSocket connections this node holds (their clients connected
+    /// here, whoever owns their keys).
+    pub sockets: usize,
+    /// WebSocket connections attached to the keys this node owns (held
+    /// here or by other nodes).
+    pub attached_connections: usize,
     /// Deployed modules.
     pub modules: Vec<ModuleInfo>,
     /// Where keys' durable state is kept (the storage backend, no secret).
@@ -208,6 +214,8 @@ impl Instance {
             topics: shared.pubsub.topic_count(),
             remote_topics: shared.pubsub.remote_topic_count(),
             publications_queued: shared.pubsub.queued(),
+            sockets: shared.connections.sockets.count(),
+            attached_connections: shared.connections.attached.count(),
             modules,
         }
     }

@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use super::{AbortOnDrop, NodeShared};
 use crate::error::{Error, Result};
 use crate::metrics::Dropped;
-use crate::wire::{InterestAck, InterestUpdate, PeerRequest, Publication};
+use crate::wire::{FEATURE_TOPICS, InterestAck, InterestUpdate, PeerRequest, Publication};
 
 /// How often the loop looks at the membership and the lease.
 const RECONCILE: Duration = Duration::from_millis(200);
@@ -76,7 +76,7 @@ async fn feed(node: Weak<NodeShared>, peer: String, addr: String, wake: Arc<Noti
             tokio::time::sleep(RETRY).await;
             continue;
         }
-        if !shared.pubsub.speaks(&peer) {
+        if !shared.peers.speaks(&peer, FEATURE_TOPICS) {
             drop(shared);
             let _ = tokio::time::timeout(RETRY, wake.notified()).await;
             continue;

@@ -65,9 +65,6 @@ pub(crate) struct PubSub {
     /// The current members' links, by node name. Taken after `topics`
     /// when both are held.
     links: Mutex<HashMap<String, Link>>,
-    /// Which peers said, in their hello, that they speak cluster-wide
-    /// pub/sub (`wire::FEATURE_TOPICS`), by node name.
-    speaks: Mutex<HashMap<String, bool>>,
     /// This node's name, as its interest updates say.
     me: String,
     /// The next interest stream's number: random at start, so a restarted
@@ -86,7 +83,6 @@ impl PubSub {
             me: me.to_owned(),
             topics: Mutex::default(),
             links: Mutex::default(),
-            speaks: Mutex::default(),
             next_stream: std::sync::atomic::AtomicU64::new(seed),
         }
     }
@@ -252,16 +248,6 @@ impl PubSub {
             .values()
             .map(|link| link.peer.queued())
             .sum()
-    }
-
-    /// The peer `node` said hello: whether it speaks cluster-wide pub/sub.
-    pub(crate) fn greeted(&self, node: &str, speaks: bool) {
-        lock(&self.speaks).insert(node.to_owned(), speaks);
-    }
-
-    /// Whether the peer `node` said it speaks cluster-wide pub/sub.
-    pub(crate) fn speaks(&self, node: &str) -> bool {
-        lock(&self.speaks).get(node).copied().unwrap_or(false)
     }
 
     /// The peers are now `members` (every other current member; none while

@@ -89,6 +89,13 @@ pub(crate) struct NodeArgs {
     /// evicts the least recently used idle one, e.g. `4GiB` (default: none).
     #[arg(long, env = "FIEF_MAX_GUEST_MEMORY")]
     pub(crate) max_guest_memory: Option<ByteSize>,
+    /// Most WebSocket connections this node holds (default 10000).
+    #[arg(long, env = "FIEF_MAX_CONNECTIONS")]
+    pub(crate) max_connections: Option<u32>,
+    /// Most WebSocket connections one tenant's clients hold on this node
+    /// (default 1000).
+    #[arg(long, env = "FIEF_MAX_CONNECTIONS_PER_TENANT")]
+    pub(crate) max_connections_per_tenant: Option<u32>,
     /// Host memory one tenant's keys may make this node hold outside their
     /// linear memories (queued messages, timer tags, subscriptions, waiting
     /// handoff states), e.g. `512MiB` (the default).
@@ -243,6 +250,12 @@ pub(crate) fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
     }
     if let Some(bytes) = args.max_guest_memory {
         config.max_guest_memory = Some(bytes);
+    }
+    if let Some(n) = args.max_connections {
+        config.max_connections = n;
+    }
+    if let Some(n) = args.max_connections_per_tenant {
+        config.max_connections_per_tenant = n;
     }
     if let Some(cores) = args.cpu_budget_per_tenant {
         config.cpu_budget_per_tenant = Some(cores);

@@ -1,0 +1,504 @@
+//! WebSocket connections to keys, the node's side (`docs/realtime.md`):
+//! accepting a connection, the socket task that holds it, routing its
+//! events to the key's owner, serving a peer's events and sends, and the
+//! feeds that carry what this node's keys send to sockets other nodes hold.
+//!
+//! A socket is held by the node that accepted it. Its task passes each
+//! event (opened, a frame, closed) to the key's owner, one at a time and
+//! waiting for each, so they arrive in order: to the key's mailbox if this
+//! node owns it, else over the peer link. A mailbox that is full makes the
+//! task wait and retry (the client's frames wait in TCP: backpressure, not
+//! loss). When the key's owner changes (a graceful move, a takeover after a
+//! failure) the task attaches the connection to the new owner first
+//! (`opened`, `resumed`); if no owner takes it for [`NO_OWNER_LIMIT`], or
+//! the module stops taking connections, it closes it (1011). When this node
+//! fences or stops, its sockets close with 1012: reconnect.
+//!
+//! The tables are `crate::connections`'s; this file does the I/O.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::response::{IntoResponse, Response};
+use fief_core::{NodeId, Route};
+use tokio::time::Instant;
+
+use super::{AbortOnDrop, Instance, NodeShared};
+use crate::connections::{SocketGuard, SocketRefusal, close};
+use crate::error::{Error, Result};
+use crate::key::Envelope;
+use crate::wire::{ConnAck, ConnEvent, ConnSend, FEATURE_CONNECTIONS, PeerRequest};
+
+/// How often a socket task checks its node's lease and its key's owner.
+const CHECK: Duration = Duration::from_millis(250);
+/// How long a socket task keeps trying to reach an owner for its key
+/// before it closes the connection (1011).
+const NO_OWNER_LIMIT: Duration = Duration::from_secs(30);
+/// How long it waits between two tries.
+const RETRY: Duration = Duration::from_millis(20);
+/// How often the outbox loop looks for peers to feed.
+const RECONCILE: Duration = Duration::from_millis(200);
+
+impl Instance {
+    /// Accept a WebSocket connection to `module`/`key` (`GET
+    /// /v1/keys/{module}/{key}/connect`): checked before the upgrade (the
+    /// module takes connections; the node's and the tenant's limits), then
+    /// held by a task of this node until it closes.
+    ///
+    /// # Errors
+    ///
+    /// The refusal, answered instead of the upgrade.
+    pub(crate) fn accept_socket(
+        &self,
+        module: &str,
+        key: &str,
+        upgrade: WebSocketUpgrade,
+    ) -> Result<Response> {
+        crate::config::validate_key(key)?;
+        let node = &self.shared;
+        let slot = node.module(module)?;
+        if slot.peek().connection_handler.is_none() {
+            return Err(Error::NotConnectable(module.to_owned()));
+        }
+        if !node.may_act() {
+            return Err(Error::Fenced);
+        }
+        let config = &node.config;
+        let tenant = crate::auth::tenant_of(module);
+        let guard = node
+            .connections
+            .sockets
+            .register(
+                tenant,
+                config.max_connections as usize,
+                config.max_connections_per_tenant as usize,
+            )
+            .map_err(|refusal| match refusal {
+                SocketRefusal::Node(limit) => Error::TooManySockets {
+                    scope: "this node".to_owned(),
+                    limit,
+                    option: "max_connections",
+                },
+                SocketRefusal::Tenant(limit) => Error::TooManySockets {
+                    scope: format!("tenant {}", tenant.unwrap_or_default()),
+                    limit,
+                    option: "max_connections_per_tenant",
+                },
+            })?;
+        let max = config.max_message_size.as_u64() as usize;
+        let shared = Arc::downgrade(node);
+        let (module, key) = (module.to_owned(), key.to_owned());
+        Ok(upgrade
+            .max_message_size(max)
+            .max_frame_size(max)
+            .on_upgrade(move |socket| async move {
+                let task = SocketTask {
+                    node: shared,
+                    module,
+                    key,
+                    guard,
+                    owner: None,
+                };
+                task.run(socket).await;
+            })
+            .into_response())
+    }
+}
+
+/// One socket this node holds.
+struct SocketTask {
+    node: Weak<NodeShared>,
+    module: String,
+    key: String,
+    guard: SocketGuard,
+    /// The owner the connection is attached to, as far as this task knows.
+    owner: Option<NodeId>,
+}
+
+/// How a socket ends: the close to send the client, if any, and whether
+/// the key is to be told.
+struct End {
+    close: Option<(u16, String)>,
+    tell_key: Option<(u16, String)>,
+}
+
+impl SocketTask {
+    async fn run(mut self, mut socket: WebSocket) {
+        let id = self.guard.id;
+        let end = self.serve(&mut socket).await;
+        if let Some((code, reason)) = end.tell_key {
+            // Best effort: the key learns its connection closed.
+            let closed = ConnEvent::Closed { id, code, reason };
+            let _ = self
+                .deliver(closed, Instant::now() + Duration::from_secs(2))
+                .await;
+        }
+        if let Some((code, reason)) = end.close {
+            let frame = CloseFrame {
+                code,
+                reason: Utf8Bytes::from(reason),
+            };
+            let _ = socket.send(Message::Close(Some(frame))).await;
+        }
+    }
+
+    async fn serve(&mut self, socket: &mut WebSocket) -> End {
+        let id = self.guard.id;
+        let Some(me) = self.node.upgrade().map(|n| n.node_id.to_string()) else {
+            return reconnect("the node is stopping");
+        };
+        let opened = ConnEvent::Opened {
+            id,
+            via: me.clone(),
+            resumed: false,
+        };
+        if let Err(end) = self.deliver(opened, Instant::now() + NO_OWNER_LIMIT).await {
+            return end;
+        }
+        let mut frames = FrameBucket::new(self.frames_per_second());
+        let mut check = tokio::time::interval(CHECK);
+        loop {
+            tokio::select! {
+                incoming = socket.recv() => {
+                    let event = match incoming {
+                        Some(Ok(Message::Text(text))) => ConnEvent::Text { id, text: text.to_string() },
+                        Some(Ok(Message::Binary(data))) => ConnEvent::Binary { id, data: data.to_vec() },
+                        Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                        Some(Ok(Message::Close(frame))) => {
+                            let (code, reason) = frame
+                                .map_or((1005, String::new()), |f| (f.code, f.reason.to_string()));
+                            return End { close: None, tell_key: Some((code, reason)) };
+                        }
+                        Some(Err(e)) => {
+                            let (code, why) = if e.to_string().contains("too long") || e.to_string().contains("too big") {
+                                (close::TOO_BIG, "a frame over max_message_size".to_owned())
+                            } else {
+                                (1006, format!("the connection failed: {e}"))
+                            };
+                            return End { close: Some((code, why.clone())), tell_key: Some((code, why)) };
+                        }
+                        None => return End { close: None, tell_key: Some((1006, "the connection dropped".to_owned())) },
+                    };
+                    if !frames.take() {
+                        let why = format!("more than {} frames a second (max_frames_per_second)", frames.rate);
+                        return End { close: Some((close::POLICY, why.clone())), tell_key: Some((close::POLICY, why)) };
+                    }
+                    if let Err(end) = self.deliver(event, Instant::now() + NO_OWNER_LIMIT).await {
+                        return end;
+                    }
+                }
+                outgoing = self.guard.out.recv() => {
+                    let Some(send) = outgoing else { return reconnect("the node is stopping") };
+                    let message = match send {
+                        ConnSend::Text { text, .. } => Message::Text(text.into()),
+                        ConnSend::Binary { data, .. } => Message::Binary(data.into()),
+                        ConnSend::Close { code, reason, .. } => {
+                            return End { close: Some((code, reason.clone())), tell_key: Some((code, reason)) };
+                        }
+                    };
+                    if socket.send(message).await.is_err() {
+                        return End { close: None, tell_key: Some((1006, "the connection dropped".to_owned())) };
+                    }
+                }
+                _ = check.tick() => {
+                    let Some(node) = self.node.upgrade() else { return reconnect("the node is stopping") };
+                    if !node.may_act() {
+                        // Nobody is told: the key's owner learns when the
+                        // client reconnects elsewhere, or never.
+                        return reconnect("the node holding this connection fenced; reconnect");
+                    }
+                    let owner = owner_of(&node, &self.key);
+                    drop(node);
+                    if owner.is_some() && owner != self.owner {
+                        let resumed = ConnEvent::Opened { id, via: me.clone(), resumed: true };
+                        if let Err(end) = self.deliver(resumed, Instant::now() + NO_OWNER_LIMIT).await {
+                            return end;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The module's `max_frames_per_second`, as deployed now.
+    fn frames_per_second(&self) -> u32 {
+        self.node
+            .upgrade()
+            .and_then(|node| node.module(&self.module).ok())
+            .map_or(1, |slot| slot.peek().options.max_frames_per_second)
+    }
+
+    /// Pass `event` to the key's owner, retrying what may pass later (a
+    /// full mailbox, no owner yet) until `deadline`; attaches the
+    /// connection to a new owner first when the owner changed.
+    async fn deliver(
+        &mut self,
+        event: ConnEvent,
+        deadline: Instant,
+    ) -> std::result::Result<(), End> {
+        let id = self.guard.id;
+        loop {
+            let Some(node) = self.node.upgrade() else {
+                return Err(reconnect("the node is stopping"));
+            };
+            if !node.may_act() {
+                return Err(reconnect(
+                    "the node holding this connection fenced; reconnect",
+                ));
+            }
+            let owner = owner_of(&node, &self.key);
+            if owner.is_some() && owner != self.owner && !matches!(event, ConnEvent::Opened { .. })
+            {
+                // A new owner: attach the connection there first.
+                let via = node.node_id.to_string();
+                drop(node);
+                let attach = ConnEvent::Opened {
+                    id,
+                    via,
+                    resumed: true,
+                };
+                Box::pin(self.deliver(attach, deadline)).await?;
+                continue;
+            }
+            let outcome = node
+                .pass_conn_events(&self.module, &self.key, vec![event.clone()])
+                .await;
+            drop(node);
+            match outcome {
+                Ok(ConnAck::Delivered) => {
+                    self.owner = owner;
+                    return Ok(());
+                }
+                Ok(ConnAck::Refused { code, reason }) => {
+                    return Err(End {
+                        close: Some((code, reason)),
+                        tell_key: None,
+                    });
+                }
+                // The owner does not know the connection (it changed
+                // between our look and its): attach it again.
+                Ok(ConnAck::Unattached) => self.owner = None,
+                Err(Error::UnknownModule(module)) => {
+                    let why = format!("module {module} was undeployed");
+                    return Err(End {
+                        close: Some((close::UNAVAILABLE, why)),
+                        tell_key: None,
+                    });
+                }
+                Err(error) if Instant::now() >= deadline => {
+                    let why = format!("no owner of the key took the connection: {error}");
+                    return Err(End {
+                        close: Some((close::UNAVAILABLE, crate::guest_log::bounded(why, 123))),
+                        tell_key: None,
+                    });
+                }
+                Err(_) => tokio::time::sleep(RETRY).await,
+            }
+        }
+    }
+}
+
+/// The close that tells the client to reconnect (1012).
+fn reconnect(why: &str) -> End {
+    End {
+        close: Some((close::RECONNECT, why.to_owned())),
+        tell_key: None,
+    }
+}
+
+/// The node that owns `key` now, if the routing view names one.
+fn owner_of(node: &NodeShared, key: &str) -> Option<NodeId> {
+    match node.route(key) {
+        Route::Local { .. } => Some(node.node_id.clone()),
+        Route::Forward { owner, .. } => Some(owner),
+        Route::Refuse(_) => None,
+    }
+}
+
+/// A bucket of one second's worth of frames.
+struct FrameBucket {
+    rate: u32,
+    tokens: f64,
+    at: Instant,
+}
+
+impl FrameBucket {
+    fn new(rate: u32) -> Self {
+        FrameBucket {
+            rate,
+            tokens: f64::from(rate),
+            at: Instant::now(),
+        }
+    }
+
+    /// Take one frame's token; false if none is left.
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let rate = f64::from(self.rate);
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * rate).min(rate);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl NodeShared {
+    /// Pass a socket's events to the owner of `module`/`key`: here, or over
+    /// the peer link.
+    async fn pass_conn_events(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        events: Vec<ConnEvent>,
+    ) -> Result<ConnAck> {
+        match self.route(key) {
+            Route::Local { .. } => self.take_conn_events(module, key, events),
+            Route::Forward { owner, .. } => {
+                let addr = self.peer_addr_of(&owner)?;
+                if !self.peers.speaks(owner.as_str(), FEATURE_CONNECTIONS) {
+                    return Err(Error::OwnerUnreachable {
+                        owner: owner.to_string(),
+                        why: "it has not said it takes WebSocket connections (an older version, \
+                              or its link is not up yet)"
+                            .to_owned(),
+                    });
+                }
+                let request = PeerRequest::ConnEvents {
+                    module: module.to_owned(),
+                    key: key.to_owned(),
+                    events,
+                };
+                let body = self
+                    .peers
+                    .request(&addr, request, self.config.call_timeout)
+                    .await?;
+                postcard::from_bytes(&body)
+                    .map_err(|e| Error::Internal(format!("a connection ack from {owner}: {e}")))
+            }
+            Route::Refuse(refusal) => Err(super::refused(refusal)),
+        }
+    }
+
+    /// As the key's owner, take a socket's events: attach or detach the
+    /// connection, and queue each event for the key (activating it).
+    pub(super) fn take_conn_events(
+        self: &Arc<Self>,
+        module: &str,
+        key: &str,
+        events: Vec<ConnEvent>,
+    ) -> Result<ConnAck> {
+        let slot = self.module(module)?;
+        let (has_handler, max) = {
+            let current = slot.peek();
+            (
+                current.connection_handler.is_some(),
+                current.options.max_connections_per_key as usize,
+            )
+        };
+        if !has_handler {
+            return Ok(ConnAck::Refused {
+                code: close::UNAVAILABLE,
+                reason: format!("module {module} takes no connections any more"),
+            });
+        }
+        let attached = &self.connections.attached;
+        for event in events {
+            match &event {
+                ConnEvent::Opened { id, via, .. } => {
+                    if let Err(n) = attached.attach(module, key, *id, via, max) {
+                        return Ok(ConnAck::Refused {
+                            code: close::POLICY,
+                            reason: format!(
+                                "this key has {n} connections, its module's max_connections_per_key"
+                            ),
+                        });
+                    }
+                }
+                ConnEvent::Closed { id, .. } => attached.detach(module, key, *id),
+                ConnEvent::Text { id, .. } | ConnEvent::Binary { id, .. } => {
+                    if !attached.is_attached(module, key, *id) {
+                        return Ok(ConnAck::Unattached);
+                    }
+                }
+            }
+            self.deliver_local(module, key, Envelope::Connection(Box::new(event)))?;
+        }
+        Ok(ConnAck::Delivered)
+    }
+
+    /// Serve a peer's sends to sockets this node holds, in order; a send to
+    /// a socket that closed, or whose queue is full, is dropped.
+    pub(super) fn serve_conn_sends(&self, sends: Vec<ConnSend>) -> Vec<u8> {
+        for send in sends {
+            self.connections.sockets.send(send);
+        }
+        Vec::new()
+    }
+
+    /// Forget the attachments of keys this node does not own now (their
+    /// next owner is told by the nodes holding the connections), and the
+    /// outboxes of nodes that are no members.
+    fn tidy_connections(&self) {
+        let current = self.may_act();
+        self.connections
+            .attached
+            .retain(|_, key| current && matches!(self.route(key), Route::Local { .. }));
+    }
+}
+
+/// Run the outbox loop until the node stops: one feed per peer that keys
+/// here sent something to, each sending that peer's sends in order.
+pub(super) async fn run(node: Weak<NodeShared>) {
+    let mut feeds: HashMap<String, AbortOnDrop> = HashMap::new();
+    loop {
+        let Some(shared) = node.upgrade() else { return };
+        shared.tidy_connections();
+        let current = shared.may_act();
+        for peer in shared.connections.outbox.peers() {
+            let addr = shared.peer_addr_of(&NodeId::new(&peer)).ok();
+            match addr {
+                Some(addr) if current && shared.peers.speaks(&peer, FEATURE_CONNECTIONS) => {
+                    feeds.entry(peer.clone()).or_insert_with(|| {
+                        let wake = shared.connections.outbox.wake(&peer);
+                        AbortOnDrop(tokio::spawn(feed(node.clone(), peer, addr, wake)))
+                    });
+                }
+                _ => {
+                    shared.connections.outbox.drop_peer(&peer);
+                    feeds.remove(&peer);
+                }
+            }
+        }
+        drop(shared);
+        tokio::time::sleep(RECONCILE).await;
+    }
+}
+
+/// Carry the outbox of `peer` (at `addr`) until aborted.
+async fn feed(node: Weak<NodeShared>, peer: String, addr: String, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        let Some(shared) = node.upgrade() else { return };
+        let max = shared.config.max_message_size.as_u64() as usize;
+        let sends = shared.connections.outbox.take(&peer, max);
+        if sends.is_empty() {
+            drop(shared);
+            let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
+            continue;
+        }
+        let n = sends.len();
+        let request = PeerRequest::ConnSend { sends };
+        if let Err(error) = shared
+            .peers
+            .request(&addr, request, shared.config.call_timeout)
+            .await
+        {
+            tracing::debug!(%peer, %error, n, "frames for connections another node holds were lost");
+        }
+    }
+}

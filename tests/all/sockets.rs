@@ -1,0 +1,277 @@
+//! WebSocket connections to a key (issue 21 item 2), on one node over its
+//! real HTTP API, with real WebSocket clients (tokio-tungstenite) and the
+//! `chat` example: frames reach the key in order and the key's frames reach
+//! every connection; a connection outlives its key's process (a kill, an
+//! idle eviction) and the next process finds it; limits close a connection
+//! with the documented code; a module that takes no connections, or a
+//! request that is no upgrade, is refused with a clear error and the node
+//! serves on. Cross-node forwarding and moves are in `sockets_processes.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fief::{Instance, ModuleOptions, NodeConfig};
+use fief_tests::{HttpServer, eventually, guests, test_config};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// How long a client waits for one frame.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+async fn node(options: ModuleOptions, config: NodeConfig) -> (Arc<Instance>, HttpServer) {
+    let node = Arc::new(
+        Instance::builder(config)
+            .module("chat", guests::bytes(guests::CHAT), options.clone())
+            .module("counter", guests::bytes(guests::COUNTER), options.clone())
+            .module("legacy", guests::bytes(guests::LEGACY), options)
+            .start()
+            .await
+            .expect("a node"),
+    );
+    let server = HttpServer::start(node.clone()).await;
+    (node, server)
+}
+
+async fn connect(server: &HttpServer, module: &str, key: &str) -> Client {
+    let url = server
+        .url(&format!("/v1/keys/{module}/{key}/connect"))
+        .replacen("http://", "ws://", 1);
+    let (client, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {module}/{key}: {e}"));
+    client
+}
+
+/// The next text frame, skipping pings.
+async fn next_text(client: &mut Client) -> String {
+    loop {
+        let frame = tokio::time::timeout(PATIENCE, client.next())
+            .await
+            .expect("a frame within the patience")
+            .expect("the connection is open")
+            .expect("a frame, not an error");
+        match frame {
+            Message::Text(text) => return text.to_string(),
+            Message::Ping(_) | Message::Pong(_) => {}
+            other => panic!("expected a text frame, got {other:?}"),
+        }
+    }
+}
+
+/// The close frame the client gets next (text frames before it skipped).
+async fn next_close(client: &mut Client) -> Option<CloseFrame> {
+    loop {
+        match tokio::time::timeout(PATIENCE, client.next()).await {
+            Ok(Some(Ok(Message::Close(frame)))) => return frame,
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(e))) => panic!("the connection failed instead of closing: {e}"),
+            Ok(None) => return None,
+            Err(_) => panic!("no close within {PATIENCE:?}"),
+        }
+    }
+}
+
+async fn call(node: &Instance, module: &str, key: &str, message: &str) -> String {
+    let reply = node
+        .call(module, key, message.as_bytes().to_vec())
+        .await
+        .unwrap_or_else(|e| panic!("{module}/{key} {message:?}: {e}"));
+    String::from_utf8(reply).expect("UTF-8")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_talk_through_a_key_each_frame_once_and_in_order() {
+    let (node, server) = node(ModuleOptions::default(), test_config()).await;
+    let mut ann = connect(&server, "chat", "lobby").await;
+    let mut bob = connect(&server, "chat", "lobby").await;
+    eventually(PATIENCE, "both connections attached", || {
+        node.status().attached_connections == 2
+    })
+    .await;
+    // Both send at once: each connection's frames reach the room in the
+    // order they were sent, and every connection gets the room's order.
+    for i in 0..25 {
+        ann.send(Message::text(format!("a{i}"))).await.unwrap();
+        bob.send(Message::text(format!("b{i}"))).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    for client in [&mut ann, &mut bob] {
+        let mut got = Vec::new();
+        for _ in 0..50 {
+            got.push(next_text(client).await);
+        }
+        for from in ["a", "b"] {
+            let theirs: Vec<&String> = got.iter().filter(|m| m.starts_with(from)).collect();
+            let sent: Vec<String> = (0..25).map(|i| format!("{from}{i}")).collect();
+            assert_eq!(
+                theirs,
+                sent.iter().collect::<Vec<_>>(),
+                "{from}'s frames once, in order"
+            );
+        }
+        seen.push(got);
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "every connection gets the room's one order"
+    );
+    let first = seen[0][0].clone();
+    // The key's own frames, from a call: to every connection.
+    assert_eq!(call(&node, "chat", "lobby", "say hello").await, "2");
+    assert_eq!(next_text(&mut ann).await, "hello");
+    assert_eq!(next_text(&mut bob).await, "hello");
+    // A newcomer gets the history first.
+    let mut cid = connect(&server, "chat", "lobby").await;
+    assert_eq!(next_text(&mut cid).await, first);
+    assert_eq!(call(&node, "chat", "lobby", "connections").await, "3");
+    assert_eq!(node.status().sockets, 3);
+    // A client that closes is detached.
+    cid.close(None).await.unwrap();
+    eventually(PATIENCE, "the closed connection detached", || {
+        node.status().attached_connections == 2 && node.status().sockets == 2
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_outlives_its_keys_process_and_the_next_process_finds_it() {
+    let options = ModuleOptions {
+        idle_timeout: Duration::from_millis(200),
+        ..ModuleOptions::default()
+    };
+    let (node, server) = node(options, test_config()).await;
+    let mut ann = connect(&server, "chat", "attic").await;
+    ann.send(Message::text("before")).await.unwrap();
+    assert_eq!(next_text(&mut ann).await, "before");
+    // The key goes idle and retires; the connection stays open.
+    eventually(PATIENCE, "the idle key retired", || {
+        !fief_tests::is_live(&node, "chat", "attic")
+    })
+    .await;
+    assert_eq!(node.status().sockets, 1);
+    // The next frame starts a new process, which finds the connection.
+    ann.send(Message::text("after")).await.unwrap();
+    assert_eq!(next_text(&mut ann).await, "after");
+    assert_eq!(
+        call(&node, "chat", "attic", "history").await,
+        "before\nafter"
+    );
+    // A kill too: the connection is the node's, not the process's.
+    assert!(node.kill_key("chat", "attic"));
+    eventually(PATIENCE, "the killed process is gone", || {
+        !fief_tests::is_live(&node, "chat", "attic")
+    })
+    .await;
+    assert_eq!(call(&node, "chat", "attic", "say again").await, "1");
+    assert_eq!(next_text(&mut ann).await, "again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_close_a_connection_with_their_code_and_the_rest_serve_on() {
+    let options = ModuleOptions {
+        max_connections_per_key: 2,
+        max_frames_per_second: 20,
+        ..ModuleOptions::default()
+    };
+    let config = NodeConfig {
+        max_connections: 4,
+        max_connections_per_tenant: 4,
+        ..test_config()
+    };
+    let (node, server) = node(options, config).await;
+    // Connections per key: the third is closed at once with 1008.
+    let mut one = connect(&server, "chat", "small").await;
+    let _two = connect(&server, "chat", "small").await;
+    let mut three = connect(&server, "chat", "small").await;
+    let close = next_close(&mut three).await.expect("a close frame");
+    assert_eq!(u16::from(close.code), 1008, "{close:?}");
+    assert!(
+        close.reason.contains("max_connections_per_key"),
+        "{close:?}"
+    );
+
+    // Frames per second: a flood is closed with 1008.
+    let mut flood = connect(&server, "chat", "flood").await;
+    for i in 0..200 {
+        if flood.send(Message::text(format!("f{i}"))).await.is_err() {
+            break;
+        }
+    }
+    let close = next_close(&mut flood).await.expect("a close frame");
+    assert_eq!(u16::from(close.code), 1008, "{close:?}");
+    assert!(close.reason.contains("max_frames_per_second"), "{close:?}");
+
+    // The node's limit: a connect past it is refused before the upgrade.
+    let _a = connect(&server, "chat", "a").await;
+    let _b = connect(&server, "chat", "b").await;
+    eventually(PATIENCE, "four sockets held", || node.status().sockets == 4).await;
+    let url = server
+        .url("/v1/keys/chat/c/connect")
+        .replacen("http://", "ws://", 1);
+    let refused = tokio_tungstenite::connect_async(url).await.unwrap_err();
+    let text = format!("{refused:?}");
+    assert!(text.contains("429"), "{text}");
+
+    // The one that stayed within every limit still talks.
+    one.send(Message::text("still here")).await.unwrap();
+    assert_eq!(next_text(&mut one).await, "still here");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_module_without_a_handler_or_a_plain_request_is_refused_clearly() {
+    let (node, server) = node(ModuleOptions::default(), test_config()).await;
+    let http = reqwest::Client::new();
+    // Not an upgrade: 426 with a JSON error that says what to do.
+    let plain = http
+        .get(server.url("/v1/keys/chat/lobby/connect"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status().as_u16(), 426);
+    let body: serde_json::Value = plain.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upgrade_required", "{body}");
+    // An unknown module: 404.
+    let url = server
+        .url("/v1/keys/nope/k/connect")
+        .replacen("http://", "ws://", 1);
+    let refused = format!(
+        "{:?}",
+        tokio_tungstenite::connect_async(url).await.unwrap_err()
+    );
+    assert!(refused.contains("404"), "{refused}");
+    // A module that exports no connection handler: 409, saying why.
+    let legacy = http
+        .get(server.url("/v1/keys/legacy/k/connect"))
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(legacy.status().as_u16(), 409);
+    let body: serde_json::Value = legacy.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_connectable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection-handler"),
+        "{body}"
+    );
+    // The counter (built with the SDK) takes the connection and closes it:
+    // its key takes none.
+    let mut client = connect(&server, "counter", "c").await;
+    let close = next_close(&mut client).await.expect("a close frame");
+    assert!(
+        close.reason.contains("takes no WebSocket connections"),
+        "{close:?}"
+    );
+    // The node serves on.
+    assert_eq!(call(&node, "counter", "c", "incr").await, "1");
+}
