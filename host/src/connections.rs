@@ -178,9 +178,36 @@ impl Sockets {
 /// A key, as `(module, key)`.
 type KeyName = (Arc<str>, Arc<str>);
 
-/// A key's attached connections, in the order they attached: each id with
-/// the node holding it.
-type KeyConnections = Vec<(u64, Arc<str>)>;
+/// A key's attached connections, in the order they attached.
+type KeyConnections = Vec<Attachment>;
+
+/// One connection attached to a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Attachment {
+    /// The connection.
+    pub(crate) id: u64,
+    /// The node holding its socket.
+    pub(crate) via: Arc<str>,
+    /// The number of the last of its frames the key handled (frames are
+    /// numbered from 1 by the holding node; 0: none yet): a frame passed
+    /// again with a number at most this is not handled again.
+    pub(crate) handled: u64,
+    /// When it was handed here by the key's previous owner (a graceful
+    /// move), until this node owns the key: kept that long even though
+    /// the key is not this node's yet ([`Attached::retain`]).
+    pub(crate) adopted_at: Option<std::time::Instant>,
+}
+
+/// What [`Attached::admit`] says of a frame (or a close).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// New: have the key handle it.
+    Handle,
+    /// Handled already (passed again after a lost answer): do not.
+    Duplicate,
+    /// The connection is not attached here.
+    Unattached,
+}
 
 /// The connections attached to the keys this node owns, by key.
 #[derive(Default)]
@@ -201,8 +228,8 @@ impl Attached {
     ) -> Result<(), usize> {
         let mut keys = lock(&self.keys);
         let list = keys.entry((Arc::from(module), Arc::from(key))).or_default();
-        if let Some(entry) = list.iter_mut().find(|(c, _)| *c == id) {
-            entry.1 = Arc::from(via);
+        if let Some(entry) = list.iter_mut().find(|a| a.id == id) {
+            entry.via = Arc::from(via);
             return Ok(());
         }
         if list.len() >= max {
@@ -212,8 +239,64 @@ impl Attached {
             }
             return Err(n);
         }
-        list.push((id, Arc::from(via)));
+        list.push(Attachment {
+            id,
+            via: Arc::from(via),
+            handled: 0,
+            adopted_at: None,
+        });
         Ok(())
+    }
+
+    /// Whether frame `seq` of connection `id` is to be handled.
+    pub(crate) fn admit(&self, module: &str, key: &str, id: u64, seq: u64) -> Admit {
+        let keys = lock(&self.keys);
+        let entry = keys
+            .get(&(Arc::from(module), Arc::from(key)))
+            .and_then(|list| list.iter().find(|a| a.id == id));
+        match entry {
+            None => Admit::Unattached,
+            Some(a) if seq != 0 && seq <= a.handled => Admit::Duplicate,
+            Some(_) => Admit::Handle,
+        }
+    }
+
+    /// The key handled frame `seq` of connection `id`.
+    pub(crate) fn handled(&self, module: &str, key: &str, id: u64, seq: u64) {
+        let mut keys = lock(&self.keys);
+        if let Some(entry) = keys
+            .get_mut(&(Arc::from(module), Arc::from(key)))
+            .and_then(|list| list.iter_mut().find(|a| a.id == id))
+        {
+            entry.handled = entry.handled.max(seq);
+        }
+    }
+
+    /// The attachments of the keys for which `pick` is true, to hand to
+    /// their next owner with a graceful move.
+    pub(crate) fn of_keys(
+        &self,
+        mut pick: impl FnMut(&str) -> bool,
+    ) -> Vec<(String, String, Attachment)> {
+        lock(&self.keys)
+            .iter()
+            .filter(|((_, key), _)| pick(key))
+            .flat_map(|((module, key), list)| {
+                list.iter()
+                    .map(|a| (module.to_string(), key.to_string(), a.clone()))
+            })
+            .collect()
+    }
+
+    /// Take attachments handed over by a key's previous owner (a graceful
+    /// move): each joins its key's list, or updates the entry there.
+    pub(crate) fn adopt(&self, module: &str, key: &str, attachment: Attachment) {
+        let mut keys = lock(&self.keys);
+        let list = keys.entry((Arc::from(module), Arc::from(key))).or_default();
+        match list.iter_mut().find(|a| a.id == attachment.id) {
+            Some(entry) => entry.handled = entry.handled.max(attachment.handled),
+            None => list.push(attachment),
+        }
     }
 
     /// Detach connection `id` from `module`/`key`.
@@ -221,7 +304,7 @@ impl Attached {
         let mut keys = lock(&self.keys);
         let name = (Arc::from(module), Arc::from(key));
         if let Some(list) = keys.get_mut(&name) {
-            list.retain(|(c, _)| *c != id);
+            list.retain(|a| a.id != id);
             if list.is_empty() {
                 keys.remove(&name);
             }
@@ -234,8 +317,8 @@ impl Attached {
         lock(&self.keys)
             .get(&(Arc::from(module), Arc::from(key)))?
             .iter()
-            .find(|(c, _)| *c == id)
-            .map(|(_, via)| via.clone())
+            .find(|a| a.id == id)
+            .map(|a| a.via.clone())
     }
 
     /// Whether connection `id` is attached to `module`/`key`.
@@ -247,15 +330,30 @@ impl Attached {
     pub(crate) fn list(&self, module: &str, key: &str) -> Vec<u64> {
         lock(&self.keys)
             .get(&(Arc::from(module), Arc::from(key)))
-            .map(|list| list.iter().map(|(id, _)| *id).collect())
+            .map(|list| list.iter().map(|a| a.id).collect())
             .unwrap_or_default()
     }
 
-    /// Forget the attachments of every key for which `keep` is false (keys
-    /// this node no longer owns: their next owner is told by the nodes
-    /// holding the connections).
-    pub(crate) fn retain(&self, mut keep: impl FnMut(&str, &str) -> bool) {
-        lock(&self.keys).retain(|(module, key), _| keep(module, key));
+    /// Forget the attachments of every key for which `owned` is false
+    /// (keys this node does not own: their next owner is told by the nodes
+    /// holding the connections), except those adopted after `since` (handed
+    /// here by a move whose transfer may not have landed yet). Attachments
+    /// of keys it owns stop being "adopted".
+    pub(crate) fn retain(
+        &self,
+        mut owned: impl FnMut(&str, &str) -> bool,
+        since: std::time::Instant,
+    ) {
+        lock(&self.keys).retain(|(module, key), list| {
+            if owned(module, key) {
+                for a in list.iter_mut() {
+                    a.adopted_at = None;
+                }
+                return true;
+            }
+            list.retain(|a| a.adopted_at.is_some_and(|at| at > since));
+            !list.is_empty()
+        });
     }
 
     /// Attached connections, over every key.
@@ -336,7 +434,7 @@ pub(crate) struct Connections {
     /// The sockets this node holds.
     pub(crate) sockets: Arc<Sockets>,
     /// The connections attached to the keys this node owns.
-    pub(crate) attached: Attached,
+    pub(crate) attached: Arc<Attached>,
     /// What keys here sent to sockets other nodes hold.
     pub(crate) outbox: Outbox,
 }
@@ -345,7 +443,7 @@ impl Default for Connections {
     fn default() -> Self {
         Connections {
             sockets: Sockets::new(),
-            attached: Attached::default(),
+            attached: Arc::default(),
             outbox: Outbox::default(),
         }
     }
@@ -384,9 +482,39 @@ mod tests {
         assert_eq!(attached.attach("m", "k", 9, "n1", 2), Err(2));
         assert_eq!(attached.list("m", "k"), vec![7, 3]);
         assert_eq!(attached.via("m", "k", 7).as_deref(), Some("n3"));
+        assert_eq!(attached.admit("m", "k", 7, 1), Admit::Handle);
+        attached.handled("m", "k", 7, 1);
+        assert_eq!(
+            attached.admit("m", "k", 7, 1),
+            Admit::Duplicate,
+            "passed again"
+        );
+        assert_eq!(attached.admit("m", "k", 7, 2), Admit::Handle);
+        assert_eq!(attached.admit("m", "k", 8, 1), Admit::Unattached);
+        // Handed to the next owner with what was handled.
+        let moving = attached.of_keys(|key| key == "k");
+        let next = Attached::default();
+        for (module, key, a) in moving {
+            next.adopt(&module, &key, a);
+        }
+        assert_eq!(next.list("m", "k"), vec![7, 3]);
+        assert_eq!(next.admit("m", "k", 7, 1), Admit::Duplicate);
         attached.detach("m", "k", 7);
         assert_eq!(attached.list("m", "k"), vec![3]);
-        attached.retain(|_, key| key != "k");
+        let now = std::time::Instant::now();
+        attached.retain(|_, key| key != "k", now);
+        assert_eq!(attached.count(), 0);
+        // Adopted attachments wait for the transfer, but not forever.
+        let adopted = Attachment {
+            id: 5,
+            via: Arc::from("n2"),
+            handled: 0,
+            adopted_at: Some(now),
+        };
+        attached.adopt("m", "moving", adopted);
+        attached.retain(|_, _| false, now - std::time::Duration::from_secs(1));
+        assert_eq!(attached.list("m", "moving"), vec![5]);
+        attached.retain(|_, _| false, now);
         assert_eq!(attached.count(), 0);
         assert_eq!(attached.attach("m", "k", 1, "n1", 0), Err(0));
         assert_eq!(attached.count(), 0, "a refusal leaves no empty entry");

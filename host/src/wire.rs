@@ -99,12 +99,30 @@ pub(crate) enum PeerRequest {
     ConnEvents {
         module: String,
         key: String,
+        /// The number of the first event's frame (frames and closes are
+        /// numbered from 1 per connection; `opened` is 0), the next ones
+        /// following: the owner does not handle a number twice.
+        seq: u64,
         events: Vec<ConnEvent>,
     },
     /// WebSocket connections: frames and closes a key on the sender sent
     /// to connections the receiver holds, in order; the response is empty.
     /// Sent only to a peer whose hello said [`FEATURE_CONNECTIONS`].
     ConnSend { sends: Vec<ConnSend> },
+    /// WebSocket connections: with a graceful move, the connections
+    /// attached to the moving keys, for their next owner (before it serves
+    /// them); the response is empty.
+    Attach { attachments: Vec<WireAttachment> },
+}
+
+/// A connection attached to a key, handed to the key's next owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireAttachment {
+    pub(crate) module: String,
+    pub(crate) key: String,
+    pub(crate) id: u64,
+    pub(crate) via: String,
+    pub(crate) handled: u64,
 }
 
 /// The [`PeerRequest::Hello`] feature bit of WebSocket connections
@@ -140,7 +158,7 @@ impl ConnEvent {
 /// The owner's answer to [`PeerRequest::ConnEvents`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum ConnAck {
-    /// Every event was queued for the key.
+    /// Every event was handled by the key (its handler ran).
     Delivered,
     /// The connection was refused (a limit, or the module takes no
     /// connections): close it with this code and reason.
@@ -148,6 +166,9 @@ pub(crate) enum ConnAck {
     /// A frame of a connection the owner does not have attached (it became
     /// the owner since): attach it (`opened`, `resumed`) and send again.
     Unattached,
+    /// Not handled (the key stopped, moved or died before it): send it
+    /// again, to whichever node owns the key then.
+    Retry,
 }
 
 /// A frame or a close, from a key to one of its connections.

@@ -325,7 +325,49 @@ pub(crate) enum Envelope {
     /// boxed, so that a queued message stays small.
     Alarm(Box<AlarmTicket>),
     /// Something happened to one of the key's WebSocket connections.
-    Connection(Box<ConnEvent>),
+    Connection(Box<ConnDelivery>),
+}
+
+/// A connection event on its way to its key, with where to say it was
+/// handled. Dropped unhandled (the key died or moved first, its mailbox
+/// closed, the node refused it), it says so by dropping its sender: the
+/// socket's node then passes the event again, to whichever process or owner
+/// has the key next, so an event is handled once however the key moves.
+pub(crate) struct ConnDelivery {
+    /// The event.
+    pub(crate) event: ConnEvent,
+    handled: Option<oneshot::Sender<()>>,
+    /// Run by the key's task as soon as the handler ran, before its next
+    /// message (a stop for a move, say): records the frame as handled.
+    on_handled: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl ConnDelivery {
+    /// A delivery of `event`, and what resolves once a process handled it
+    /// (an error: dropped unhandled).
+    pub(crate) fn new(
+        event: ConnEvent,
+        on_handled: Box<dyn FnOnce() + Send>,
+    ) -> (Self, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let delivery = ConnDelivery {
+            event,
+            handled: Some(tx),
+            on_handled: Some(on_handled),
+        };
+        (delivery, rx)
+    }
+
+    /// The key's handler ran on it (to its end, or to a trap: an event
+    /// that kills its key is not passed again).
+    pub(crate) fn handled(mut self) {
+        if let Some(record) = self.on_handled.take() {
+            record();
+        }
+        if let Some(tx) = self.handled.take() {
+            let _ = tx.send(());
+        }
+    }
 }
 
 /// A due alarm on its way to its key, with where its outcome goes.
@@ -391,7 +433,7 @@ impl Envelope {
                 Envelope::Info(Info::Published(p)) => p.topic.len() + p.payload.len(),
                 Envelope::Stop { .. } => 0,
                 Envelope::Alarm(ticket) => ticket.firing.alarm.name.len(),
-                Envelope::Connection(event) => event.payload_bytes(),
+                Envelope::Connection(delivery) => delivery.event.payload_bytes(),
             }
     }
 

@@ -603,10 +603,14 @@ async fn dispatch(
             Ok(()) => Step::Continue,
             Err(Death(why)) => Step::Died(why),
         },
-        Envelope::Connection(event) => match process.handle_connection(&event).await {
-            Ok(()) => Step::Continue,
-            Err(Death(why)) => Step::Died(why),
-        },
+        Envelope::Connection(delivery) => {
+            let outcome = process.handle_connection(&delivery.event).await;
+            delivery.handled();
+            match outcome {
+                Ok(()) => Step::Continue,
+                Err(Death(why)) => Step::Died(why),
+            }
+        }
         Envelope::Alarm(ticket) => {
             let firing = &ticket.firing;
             let name = firing.alarm.name.clone();

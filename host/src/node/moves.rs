@@ -184,6 +184,12 @@ impl NodeShared {
                     break;
                 }
             }
+            // The moving keys' WebSocket connections, so the target knows
+            // them (and what of them was handled) before it serves a key:
+            // none misses a frame the key sends meanwhile.
+            if result.is_ok() {
+                node.hand_attachments(&to, &addr, &partitions).await;
+            }
             node.apply(|m, now| m.on_peer_done(now, op, result));
             node.drop_states_of_ended_move(move_id);
         });

@@ -325,13 +325,15 @@ impl NodeShared {
             PeerRequest::ConnEvents {
                 module,
                 key,
+                seq,
                 events,
             } => {
-                let ack = self.take_conn_events(&module, &key, events)?;
+                let ack = self.take_conn_events(&module, &key, seq, events).await?;
                 postcard::to_stdvec(&ack)
                     .map_err(|e| Error::Internal(format!("encoding a connection ack: {e}")))
             }
             PeerRequest::ConnSend { sends } => Ok(self.serve_conn_sends(sends)),
+            PeerRequest::Attach { attachments } => Ok(self.adopt_attachments(attachments)),
         }
     }
 }

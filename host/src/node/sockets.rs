@@ -16,20 +16,20 @@
 //!
 //! The tables are `crate::connections`'s; this file does the I/O.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::response::{IntoResponse, Response};
-use fief_core::{NodeId, Route};
+use fief_core::{NodeId, PartitionId, Route};
 use tokio::time::Instant;
 
 use super::{AbortOnDrop, Instance, NodeShared};
-use crate::connections::{SocketGuard, SocketRefusal, close};
+use crate::connections::{Admit, Attachment, SocketGuard, SocketRefusal, close};
 use crate::error::{Error, Result};
-use crate::key::Envelope;
-use crate::wire::{ConnAck, ConnEvent, ConnSend, FEATURE_CONNECTIONS, PeerRequest};
+use crate::key::{ConnDelivery, Envelope};
+use crate::wire::{ConnAck, ConnEvent, ConnSend, FEATURE_CONNECTIONS, PeerRequest, WireAttachment};
 
 /// How often a socket task checks its node's lease and its key's owner.
 const CHECK: Duration = Duration::from_millis(250);
@@ -100,6 +100,7 @@ impl Instance {
                     key,
                     guard,
                     owner: None,
+                    seq: 0,
                 };
                 task.run(socket).await;
             })
@@ -115,6 +116,8 @@ struct SocketTask {
     guard: SocketGuard,
     /// The owner the connection is attached to, as far as this task knows.
     owner: Option<NodeId>,
+    /// The number of the last frame (or close) passed to the key.
+    seq: u64,
 }
 
 /// How a socket ends: the close to send the client, if any, and whether
@@ -239,6 +242,14 @@ impl SocketTask {
         deadline: Instant,
     ) -> std::result::Result<(), End> {
         let id = self.guard.id;
+        // Frames and the close are numbered, so one passed again after a
+        // lost answer is not handled twice; `opened` (idempotent) is 0.
+        let seq = if matches!(event, ConnEvent::Opened { .. }) {
+            0
+        } else {
+            self.seq += 1;
+            self.seq
+        };
         loop {
             let Some(node) = self.node.upgrade() else {
                 return Err(reconnect("the node is stopping"));
@@ -263,7 +274,7 @@ impl SocketTask {
                 continue;
             }
             let outcome = node
-                .pass_conn_events(&self.module, &self.key, vec![event.clone()])
+                .pass_conn_events(&self.module, &self.key, seq, vec![event.clone()])
                 .await;
             drop(node);
             match outcome {
@@ -280,6 +291,16 @@ impl SocketTask {
                 // The owner does not know the connection (it changed
                 // between our look and its): attach it again.
                 Ok(ConnAck::Unattached) => self.owner = None,
+                // Not handled: the key moved or stopped first. Again, to
+                // whoever owns it next.
+                Ok(ConnAck::Retry) => tokio::time::sleep(RETRY).await,
+                // Sent, and maybe handled: passed again under the same
+                // number, which an owner that handled it (or took its
+                // attachment in a move) does not handle twice.
+                Err(Error::AnswerLost { .. } | Error::Timeout(_)) if Instant::now() < deadline => {
+                    self.owner = None;
+                    tokio::time::sleep(RETRY).await;
+                }
                 Err(Error::UnknownModule(module)) => {
                     let why = format!("module {module} was undeployed");
                     return Err(End {
@@ -355,10 +376,11 @@ impl NodeShared {
         self: &Arc<Self>,
         module: &str,
         key: &str,
+        seq: u64,
         events: Vec<ConnEvent>,
     ) -> Result<ConnAck> {
         match self.route(key) {
-            Route::Local { .. } => self.take_conn_events(module, key, events),
+            Route::Local { .. } => self.take_conn_events(module, key, seq, events).await,
             Route::Forward { owner, .. } => {
                 let addr = self.peer_addr_of(&owner)?;
                 if !self.peers.speaks(owner.as_str(), FEATURE_CONNECTIONS) {
@@ -372,6 +394,7 @@ impl NodeShared {
                 let request = PeerRequest::ConnEvents {
                     module: module.to_owned(),
                     key: key.to_owned(),
+                    seq,
                     events,
                 };
                 let body = self
@@ -385,12 +408,15 @@ impl NodeShared {
         }
     }
 
-    /// As the key's owner, take a socket's events: attach or detach the
-    /// connection, and queue each event for the key (activating it).
-    pub(super) fn take_conn_events(
+    /// As the key's owner, take a socket's events, in order: attach or
+    /// detach the connection, and have the key handle each (activating it),
+    /// answering once it did — or [`ConnAck::Retry`] if it stopped, moved or
+    /// died before it could (the socket's node passes the event again).
+    pub(super) async fn take_conn_events(
         self: &Arc<Self>,
         module: &str,
         key: &str,
+        seq: u64,
         events: Vec<ConnEvent>,
     ) -> Result<ConnAck> {
         let slot = self.module(module)?;
@@ -401,6 +427,7 @@ impl NodeShared {
                 current.options.max_connections_per_key as usize,
             )
         };
+        drop(slot);
         if !has_handler {
             return Ok(ConnAck::Refused {
                 code: close::UNAVAILABLE,
@@ -408,8 +435,9 @@ impl NodeShared {
             });
         }
         let attached = &self.connections.attached;
-        for event in events {
-            match &event {
+        for (n, event) in (0u64..).zip(events) {
+            let seq = if seq == 0 { 0 } else { seq + n };
+            let id = match &event {
                 ConnEvent::Opened { id, via, .. } => {
                     if let Err(n) = attached.attach(module, key, *id, via, max) {
                         return Ok(ConnAck::Refused {
@@ -419,17 +447,116 @@ impl NodeShared {
                             ),
                         });
                     }
+                    *id
                 }
-                ConnEvent::Closed { id, .. } => attached.detach(module, key, *id),
-                ConnEvent::Text { id, .. } | ConnEvent::Binary { id, .. } => {
-                    if !attached.is_attached(module, key, *id) {
-                        return Ok(ConnAck::Unattached);
+                ConnEvent::Text { id, .. }
+                | ConnEvent::Binary { id, .. }
+                | ConnEvent::Closed { id, .. } => match attached.admit(module, key, *id, seq) {
+                    Admit::Handle => *id,
+                    Admit::Duplicate => continue,
+                    // A close of a connection not attached here: nothing
+                    // to tell; a frame: attach it first.
+                    Admit::Unattached if matches!(event, ConnEvent::Closed { .. }) => continue,
+                    Admit::Unattached => return Ok(ConnAck::Unattached),
+                },
+            };
+            let record: Box<dyn FnOnce() + Send> = {
+                let (attached, module, key) = (attached.clone(), module.to_owned(), key.to_owned());
+                let closed = matches!(event, ConnEvent::Closed { .. });
+                Box::new(move || {
+                    if closed {
+                        attached.detach(&module, &key, id);
+                    } else if seq != 0 {
+                        attached.handled(&module, &key, id, seq);
                     }
-                }
+                })
+            };
+            let (delivery, handled) = ConnDelivery::new(event, record);
+            self.deliver_local(module, key, Envelope::Connection(Box::new(delivery)))?;
+            match tokio::time::timeout(self.config.call_timeout, handled).await {
+                Ok(Ok(())) => {}
+                // Dropped unhandled: the key's next owner or process takes it.
+                Ok(Err(_)) => return Ok(ConnAck::Retry),
+                // Still queued or running: the socket's node passes it
+                // again under the same number, not handled twice.
+                Err(_) => return Err(Error::Timeout(self.config.call_timeout)),
             }
-            self.deliver_local(module, key, Envelope::Connection(Box::new(event)))?;
         }
         Ok(ConnAck::Delivered)
+    }
+
+    /// Take the attachments a key's previous owner handed over with a
+    /// graceful move.
+    pub(super) fn adopt_attachments(&self, attachments: Vec<WireAttachment>) -> Vec<u8> {
+        for a in attachments {
+            let attachment = Attachment {
+                id: a.id,
+                via: Arc::from(a.via.as_str()),
+                handled: a.handled,
+                adopted_at: Some(std::time::Instant::now()),
+            };
+            self.connections
+                .attached
+                .adopt(&a.module, &a.key, attachment);
+        }
+        Vec::new()
+    }
+
+    /// Hand the connections attached to the keys of `partitions` to `to`,
+    /// their next owner (a graceful move, once the keys stopped), in frames
+    /// under the frame limit. A failure is logged: the nodes holding the
+    /// connections attach them to `to` themselves, later.
+    pub(super) async fn hand_attachments(
+        &self,
+        to: &NodeId,
+        addr: &str,
+        partitions: &BTreeSet<PartitionId>,
+    ) {
+        if !self.peers.speaks(to.as_str(), FEATURE_CONNECTIONS) {
+            return;
+        }
+        let budget = self.config.max_message_size.as_u64() as usize;
+        let mut frames: Vec<Vec<WireAttachment>> = Vec::new();
+        let mut bytes = budget;
+        for a in self.attachments_of(partitions) {
+            let size = a.module.len() + a.key.len() + a.via.len() + 32;
+            if bytes + size > budget {
+                frames.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += size;
+            frames.last_mut().expect("pushed above").push(a);
+        }
+        for attachments in frames {
+            let n = attachments.len();
+            let request = PeerRequest::Attach { attachments };
+            if let Err(error) = self
+                .peers
+                .request(addr, request, self.config.call_timeout)
+                .await
+            {
+                tracing::warn!(node = %self.node_id, %to, %error, n,
+                    "moving keys' connections were not handed over; their nodes attach them later");
+                return;
+            }
+        }
+    }
+
+    /// The attachments of the keys of `partitions`, for their next owner.
+    pub(super) fn attachments_of(&self, partitions: &BTreeSet<PartitionId>) -> Vec<WireAttachment> {
+        let count = self.view().table().partitions();
+        self.connections
+            .attached
+            .of_keys(|key| partitions.contains(&count.of(key)))
+            .into_iter()
+            .map(|(module, key, a)| WireAttachment {
+                module,
+                key,
+                id: a.id,
+                via: a.via.to_string(),
+                handled: a.handled,
+            })
+            .collect()
     }
 
     /// Serve a peer's sends to sockets this node holds, in order; a send to
@@ -446,9 +573,16 @@ impl NodeShared {
     /// outboxes of nodes that are no members.
     fn tidy_connections(&self) {
         let current = self.may_act();
-        self.connections
-            .attached
-            .retain(|_, key| current && matches!(self.route(key), Route::Local { .. }));
+        // Handed here by a move: kept for two lease lifetimes while the
+        // transfer lands (a fenced node keeps nothing).
+        let grace = 2 * self.config.lease_ttl;
+        let since = std::time::Instant::now()
+            .checked_sub(if current { grace } else { Duration::ZERO })
+            .unwrap_or_else(std::time::Instant::now);
+        self.connections.attached.retain(
+            |_, key| current && matches!(self.route(key), Route::Local { .. }),
+            since,
+        );
     }
 }
 
