@@ -29,6 +29,7 @@ const SCRIPT_GUESTS: &[&str] = &[
     "examples/counter-py",
     "examples/counter-js",
     "examples/room-js",
+    "examples/chat-js",
     "tests/polyglot/probe-py",
     "tests/polyglot/probe-js",
 ];

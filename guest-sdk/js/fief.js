@@ -1,8 +1,8 @@
 // Fief's guest SDK for JavaScript: write a key module as a subclass of `Key`.
 //
-// A key module is a WebAssembly component of the `fief:key/key-module` world
-// (wit/key.wit). componentize-js builds one from an ES module that exports
-// `lifecycle`; this SDK supplies it:
+// A key module is a WebAssembly component of the `fief:key/key-module-realtime`
+// world (wit/key.wit). componentize-js builds one from an ES module that
+// exports `lifecycle`; this SDK supplies it:
 //
 //     import { Key, Reject, exportKey, host } from '../../guest-sdk/js/fief.js';
 //
@@ -25,6 +25,15 @@
 // The node runs one instance of the component per live key and calls it one
 // message at a time, so a `Key` object is the state of exactly one key.
 //
+// The world also has the optional exports `alarm-handler` and
+// `connection-handler`; scripts/build-guest.sh exports this SDK's
+// `alarmHandler` and `connectionHandler` for every module that does not
+// export its own, as the Rust SDK's `export_key!` does. They pass alarms to
+// `Key.handleAlarm` (default: nothing) and WebSocket connection events to
+// `Key.handleConnection` (default: close each connection as it opens, "this
+// key takes no WebSocket connections"); a key answers its connections with
+// `connections` (docs/realtime.md).
+//
 // Errors follow the Rust SDK: throwing `Reject` from the constructor or
 // `handleCall` is the WIT `err` (the activation is refused, or the caller gets
 // `rejected`); any other error escaping a lifecycle method is a bug, like a
@@ -37,6 +46,7 @@
 
 import * as wit from 'fief:key/host@0.1.0';
 import * as witStorage from 'fief:key/storage@0.1.0';
+import * as witConnections from 'fief:key/connections@0.1.0';
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -76,8 +86,8 @@ class HostError extends Error {
 export class CallError extends HostError {}
 
 /**
- * A timer, publish, subscribe or cast was refused: `kind` is `limit`,
- * `invalid`, `unknown-module` or `overloaded`.
+ * A timer, publish, subscribe, cast or connection send was refused: `kind`
+ * is `limit`, `invalid`, `unknown-module` or `overloaded`.
  */
 export class EffectError extends HostError {}
 
@@ -202,6 +212,39 @@ export const storage = {
     refusing(StorageError, () => witStorage.deleteRange(start, end)),
 };
 
+/**
+ * This key's WebSocket connections (docs/realtime.md). A client connects with
+ * `GET /v1/keys/{module}/{key}/connect`; the key hears of it through
+ * `Key.handleConnection` (an `opened` event, then each frame, then `closed`)
+ * and answers here. A connection belongs to the key, not to one process: it
+ * survives the key's eviction and a graceful move (the next process gets it
+ * `opened` again, `resumed`). Connection ids are bigints (a number is
+ * accepted too).
+ */
+export const connections = {
+  /**
+   * Send a text frame to connection `id`. Throws `EffectError`: `invalid`
+   * for a connection this key does not have, `limit` past the module's
+   * `max_message_size`, `overloaded` if the connection's queue is full.
+   */
+  sendText: (id, text) =>
+    refusing(EffectError, () => witConnections.sendText(BigInt(id), String(text))),
+  /** Send a binary frame (a Uint8Array, or a string sent as UTF-8) to connection `id`; as `sendText`. */
+  sendBinary: (id, data) =>
+    refusing(EffectError, () => witConnections.sendBinary(BigInt(id), bytes(data))),
+  /**
+   * Close connection `id` with `code` (1000, or 3000 to 4999; any other is
+   * sent as 1000) and `reason` (cut to 123 bytes). No effect on a connection
+   * this key does not have.
+   */
+  close: (id, code = 1000, reason = '') => witConnections.close(BigInt(id), code, String(reason)),
+  /** The ids (bigints) of this key's open connections, in the order they opened. */
+  list: () => Array.from(witConnections.listConnections()),
+};
+
+/** The close reason of a connection to a key that takes none (as the Rust SDK's). */
+const NO_CONNECTIONS = 'this key takes no WebSocket connections';
+
 /** One key's state. Override what the module needs; the defaults are inert. */
 export class Key {
   /**
@@ -231,6 +274,27 @@ export class Key {
     return stop('fenced');
   }
 
+  /**
+   * A durable alarm of this key is due (`name`; `attempt` is 1 the first time
+   * this node runs it). Returning deletes the alarm; throwing has it retried
+   * with backoff (docs/alarms.md). The default does nothing.
+   */
+  handleAlarm(name, attempt) {}
+
+  /**
+   * Something happened to one of this key's WebSocket connections; answer
+   * with `connections`. `event` is one of
+   * `{ type: 'opened', id, resumed }` (a client connected, or, `resumed`, a
+   * connection opened before this process is handed to it),
+   * `{ type: 'text', id, text }`, `{ type: 'binary', id, data }` (a
+   * Uint8Array) and `{ type: 'closed', id, code, reason }`; `id` is a bigint.
+   * The default closes every connection as it opens (code 1000, "this key
+   * takes no WebSocket connections") and ignores the rest.
+   */
+  handleConnection(event) {
+    if (event.type === 'opened') connections.close(event.id, 1000, NO_CONNECTIONS);
+  }
+
   /** The key is moving: the state the next owner's constructor gets, or undefined. */
   handoff() {
     return undefined;
@@ -258,18 +322,29 @@ function guarded(exported, f) {
   };
 }
 
-/** The `lifecycle` export that runs `KeyClass` keys: `export const lifecycle = exportKey(MyKey);` */
+/** The live key (the `Key` object of this process), once `init` has run. */
+let instance;
+/** Whether `exportKey` was called (a module runs one key class). */
+let hasKeyClass = false;
+
+/** The live key, or a trap naming the export that found none. */
+function live(exported) {
+  if (instance === undefined) {
+    throw new Error(
+      `fief: ${exported} called with no live key instance ` +
+        '(before init, after a failed init, or after terminate)',
+    );
+  }
+  return instance;
+}
+
+/**
+ * The `lifecycle` export that runs `KeyClass` keys:
+ * `export const lifecycle = exportKey(MyKey);`. Call it once per module.
+ */
 export function exportKey(KeyClass) {
-  let instance;
-  const live = (exported) => {
-    if (instance === undefined) {
-      throw new Error(
-        `fief: lifecycle ${exported} called with no live key instance ` +
-          '(before init, after a failed init, or after terminate)',
-      );
-    }
-    return instance;
-  };
+  if (hasKeyClass) throw new Error('fief: exportKey called twice (a module runs one key class)');
+  hasKeyClass = true;
   return {
     init: guarded('init', (key, handoffState) => {
       if (instance !== undefined) throw new Error(`fief: init called twice for key ${key}`);
@@ -302,3 +377,43 @@ export function exportKey(KeyClass) {
     }),
   };
 }
+
+/**
+ * Pass `event` to the live key's `handleConnection`. In a module that did
+ * not call `exportKey` (it has no `Key`), close a connection as it opens.
+ */
+function connectionEvent(event) {
+  if (hasKeyClass) live(`connection-handler (${event.type})`).handleConnection(event);
+  else if (event.type === 'opened') connections.close(event.id, 1000, NO_CONNECTIONS);
+}
+
+/**
+ * The `connection-handler` export: each WebSocket connection event, as an
+ * event object, to `Key.handleConnection`. scripts/build-guest.sh exports
+ * it for a module that does not export a `connectionHandler` of its own.
+ */
+export const connectionHandler = {
+  connectionOpened: guarded('connection-opened', (id, resumed) =>
+    connectionEvent({ type: 'opened', id, resumed }),
+  ),
+  connectionText: guarded('connection-text', (id, text) =>
+    connectionEvent({ type: 'text', id, text }),
+  ),
+  connectionBinary: guarded('connection-binary', (id, data) =>
+    connectionEvent({ type: 'binary', id, data }),
+  ),
+  connectionClosed: guarded('connection-closed', (id, code, reason) =>
+    connectionEvent({ type: 'closed', id, code, reason }),
+  ),
+};
+
+/**
+ * The `alarm-handler` export: a due alarm to `Key.handleAlarm`.
+ * scripts/build-guest.sh exports it for a module that does not export an
+ * `alarmHandler` of its own.
+ */
+export const alarmHandler = {
+  handleAlarm: guarded('handle-alarm', (name, attempt) => {
+    if (hasKeyClass) live('handle-alarm').handleAlarm(name, attempt);
+  }),
+};

@@ -56,6 +56,9 @@ pub mod guests {
     pub const COUNTER_JS: &str = env!("FIEF_GUEST_COUNTER_JS");
     /// `examples/room-js`: `room` in JavaScript (pub/sub history).
     pub const ROOM_JS: &str = env!("FIEF_GUEST_ROOM_JS");
+    /// `examples/chat-js`: `chat` in JavaScript (a chat room over WebSocket
+    /// connections, its history kept as the Rust one keeps it).
+    pub const CHAT_JS: &str = env!("FIEF_GUEST_CHAT_JS");
     /// `tests/polyglot/probe-py`: the Python SDK driven by text commands
     /// (`call`, `spin`, `fail`, `crash`, ...).
     pub const PROBE_PY: &str = env!("FIEF_GUEST_PROBE_PY");

@@ -1,8 +1,8 @@
 """Fief's guest SDK for Python: write a key module as a subclass of `Key`.
 
-A key module is a WebAssembly component of the `fief:key/key-module` world
-(`wit/key.wit`). componentize-py builds one from a Python module that defines
-a class named `Lifecycle`; this SDK supplies it::
+A key module is a WebAssembly component of the `fief:key/key-module-realtime`
+world (`wit/key.wit`). componentize-py builds one from a Python module that
+defines a class named `Lifecycle`; this SDK supplies it::
 
     from fief_guest import Key, Reject, export_key, host
 
@@ -26,6 +26,15 @@ a class named `Lifecycle`; this SDK supplies it::
 The node runs one instance of the component per live key and calls it one
 message at a time, so a `Key` object is the state of exactly one key.
 
+The world also has the optional exports `alarm-handler` and
+`connection-handler`: `scripts/build-guest.sh` exports this SDK's
+`AlarmHandler` and `ConnectionHandler` for every app that defines none of
+its own, as the Rust SDK's `export_key!` does. They pass alarms to
+`Key.handle_alarm` (default: nothing) and WebSocket connection events to
+`Key.handle_connection` (default: close each connection as it opens, "this
+key takes no WebSocket connections"); a key answers its connections with
+`fief_guest.connections` (docs/realtime.md).
+
 Errors follow the Rust SDK: raising `Reject` from `__init__` or
 `handle_call` is the WIT `err` (the activation is refused, or the caller gets
 `rejected`); any other exception escaping a lifecycle method is a bug, like a
@@ -40,20 +49,23 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-from fief_guest import cache, host, storage
+from fief_guest import cache, connections, host, storage
 from fief_guest.cache import CacheError
 from fief_guest.host import CallError, EffectError
 from fief_guest.storage import StorageError
 
 __all__ = [
+    "AlarmHandler",
     "CONTINUE",
     "CacheError",
     "CallError",
+    "ConnectionHandler",
     "EffectError",
     "Key",
     "Reject",
     "Stop",
     "cache",
+    "connections",
     "storage",
     "StorageError",
     "export_key",
@@ -83,6 +95,9 @@ class Stop:
 CONTINUE = "continue"
 
 FenceAnswer = Union[Stop, str]
+
+#: The close reason of a connection to a key that takes none (as in Rust).
+_NO_CONNECTIONS = "this key takes no WebSocket connections"
 
 
 class Key:
@@ -115,6 +130,21 @@ class Key:
         """
         return Stop("fenced")
 
+    def handle_alarm(self, name: str, attempt: int) -> None:
+        """A durable alarm of this key is due (`attempt` is 1 the first time
+        this node runs it). Returning deletes the alarm; raising has it
+        retried with backoff (docs/alarms.md). The default does nothing."""
+
+    def handle_connection(self, event: connections.Event) -> None:
+        """Something happened to one of this key's WebSocket connections:
+        `connections.Opened(id, resumed)`, `Text(id, text)`,
+        `Binary(id, data)` or `Closed(id, code, reason)`. Answer with
+        `fief_guest.connections`. The default closes every connection as it
+        opens (code 1000, "this key takes no WebSocket connections") and
+        ignores the rest."""
+        if isinstance(event, connections.Opened):
+            connections.close(event.id, 1000, _NO_CONNECTIONS)
+
     def handoff(self) -> Optional[Union[bytes, str]]:
         """The key is moving: the state the next owner's `__init__` gets."""
         return None
@@ -130,11 +160,30 @@ def _bytes(value: Union[bytes, bytearray, str]) -> bytes:
     return bytes(value)
 
 
+#: The `Lifecycle` class `export_key` made (it holds the live key), if any.
+_exported: Optional[type] = None
+
+
+def _live_key(export: str) -> Key:
+    """The live key of the `Lifecycle` that `export_key` made."""
+    key = getattr(_exported, "_instance", None)
+    if key is None:
+        raise RuntimeError(
+            f"fief_guest: `{export}` called with no live key instance "
+            "(before init, after a failed init, or after terminate)"
+        )
+    return key
+
+
 def export_key(cls: type) -> type:
     """The `Lifecycle` class componentize-py looks for, running `cls` keys.
 
-    Assign it in the app module: `Lifecycle = export_key(MyKey)`.
+    Assign it in the app module: `Lifecycle = export_key(MyKey)`. Call it
+    once per app: a module runs one key class.
     """
+    global _exported
+    if _exported is not None:
+        raise RuntimeError("fief_guest: export_key called twice (a module runs one key class)")
     # Imported here: the bindings exist only inside a componentize-py build.
     from componentize_py_types import Err
     from wit_world.imports import types
@@ -203,4 +252,42 @@ def export_key(cls: type) -> type:
             key.terminate(text)
 
     Lifecycle.__qualname__ = f"Lifecycle[{cls.__name__}]"
+    _exported = Lifecycle
     return Lifecycle
+
+
+class AlarmHandler:
+    """The `alarm-handler` export: a due alarm to the live key's
+    `handle_alarm`. `scripts/build-guest.sh` exports it for an app that
+    defines no `AlarmHandler` of its own."""
+
+    def handle_alarm(self, name: str, attempt: int) -> None:
+        if _exported is not None:
+            _live_key("handle-alarm").handle_alarm(name, attempt)
+
+
+class ConnectionHandler:
+    """The `connection-handler` export: each WebSocket connection event, as
+    a `connections` event, to the live key's `handle_connection`.
+    `scripts/build-guest.sh` exports it for an app that defines no
+    `ConnectionHandler` of its own. In an app with no `export_key`, a
+    connection is closed as it opens."""
+
+    @staticmethod
+    def _event(export: str, event: connections.Event) -> None:
+        if _exported is not None:
+            _live_key(export).handle_connection(event)
+        elif isinstance(event, connections.Opened):
+            connections.close(event.id, 1000, _NO_CONNECTIONS)
+
+    def connection_opened(self, id: int, resumed: bool) -> None:
+        self._event("connection-opened", connections.Opened(id, resumed))
+
+    def connection_text(self, id: int, text: str) -> None:
+        self._event("connection-text", connections.Text(id, text))
+
+    def connection_binary(self, id: int, data: bytes) -> None:
+        self._event("connection-binary", connections.Binary(id, data))
+
+    def connection_closed(self, id: int, code: int, reason: str) -> None:
+        self._event("connection-closed", connections.Closed(id, code, reason))
