@@ -192,6 +192,14 @@ pub(crate) struct Attachment {
     /// numbered from 1 by the holding node; 0: none yet): a frame passed
     /// again with a number at most this is not handled again.
     pub(crate) handled: u64,
+    /// The first frame number whose fate this owner (or a previous owner
+    /// that handed the attachment over) knows: 1 for a connection that
+    /// opened here or was handed here by a move; for one re-attached after
+    /// its owner failed, the first frame passed here afresh (none yet:
+    /// `u64::MAX`). A frame passed *again* (its answer lost) numbered below
+    /// it may have been handled by the failed owner, so it is not handled
+    /// (at most once).
+    pub(crate) known_from: u64,
     /// When it was handed here by the key's previous owner (a graceful
     /// move), until this node owns the key: kept that long even though
     /// the key is not this node's yet ([`Attached::retain`]).
@@ -218,12 +226,17 @@ pub(crate) struct Attached {
 impl Attached {
     /// Attach connection `id`, held by `via`, to `module`/`key`, unless the
     /// key has `max` already (then how many it has).
+    ///
+    /// A connection that opened just now (`resumed` false) has its whole
+    /// history here; one re-attached (`resumed`) without a handover does
+    /// not ([`Attachment::known_from`]).
     pub(crate) fn attach(
         &self,
         module: &str,
         key: &str,
         id: u64,
         via: &str,
+        resumed: bool,
         max: usize,
     ) -> Result<(), usize> {
         let mut keys = lock(&self.keys);
@@ -243,21 +256,28 @@ impl Attached {
             id,
             via: Arc::from(via),
             handled: 0,
+            known_from: if resumed { u64::MAX } else { 1 },
             adopted_at: None,
         });
         Ok(())
     }
 
-    /// Whether frame `seq` of connection `id` is to be handled.
-    pub(crate) fn admit(&self, module: &str, key: &str, id: u64, seq: u64) -> Admit {
-        let keys = lock(&self.keys);
+    /// Whether frame `seq` of connection `id` is to be handled; `again`:
+    /// it was passed before and its answer was lost.
+    pub(crate) fn admit(&self, module: &str, key: &str, id: u64, seq: u64, again: bool) -> Admit {
+        let mut keys = lock(&self.keys);
         let entry = keys
-            .get(&(Arc::from(module), Arc::from(key)))
-            .and_then(|list| list.iter().find(|a| a.id == id));
+            .get_mut(&(Arc::from(module), Arc::from(key)))
+            .and_then(|list| list.iter_mut().find(|a| a.id == id));
         match entry {
             None => Admit::Unattached,
             Some(a) if seq != 0 && seq <= a.handled => Admit::Duplicate,
-            Some(_) => Admit::Handle,
+            // Maybe handled by an owner that failed before handing over.
+            Some(a) if again && seq < a.known_from => Admit::Duplicate,
+            Some(a) => {
+                a.known_from = a.known_from.min(seq.max(1));
+                Admit::Handle
+            }
         }
     }
 
@@ -294,7 +314,10 @@ impl Attached {
         let mut keys = lock(&self.keys);
         let list = keys.entry((Arc::from(module), Arc::from(key))).or_default();
         match list.iter_mut().find(|a| a.id == attachment.id) {
-            Some(entry) => entry.handled = entry.handled.max(attachment.handled),
+            Some(entry) => {
+                entry.handled = entry.handled.max(attachment.handled);
+                entry.known_from = entry.known_from.min(attachment.known_from);
+            }
             None => list.push(attachment),
         }
     }
@@ -476,21 +499,19 @@ mod tests {
     #[test]
     fn a_key_has_at_most_its_limit_of_connections_in_the_order_they_came() {
         let attached = Attached::default();
-        attached.attach("m", "k", 7, "n1", 2).unwrap();
-        attached.attach("m", "k", 3, "n2", 2).unwrap();
-        attached.attach("m", "k", 7, "n3", 2).unwrap(); // moved: same one
-        assert_eq!(attached.attach("m", "k", 9, "n1", 2), Err(2));
+        attached.attach("m", "k", 7, "n1", false, 2).unwrap();
+        attached.attach("m", "k", 3, "n2", false, 2).unwrap();
+        attached.attach("m", "k", 7, "n3", true, 2).unwrap(); // moved: same one
+        assert_eq!(attached.attach("m", "k", 9, "n1", false, 2), Err(2));
         assert_eq!(attached.list("m", "k"), vec![7, 3]);
         assert_eq!(attached.via("m", "k", 7).as_deref(), Some("n3"));
-        assert_eq!(attached.admit("m", "k", 7, 1), Admit::Handle);
+        assert_eq!(attached.admit("m", "k", 7, 1, false), Admit::Handle);
         attached.handled("m", "k", 7, 1);
-        assert_eq!(
-            attached.admit("m", "k", 7, 1),
-            Admit::Duplicate,
-            "passed again"
-        );
-        assert_eq!(attached.admit("m", "k", 7, 2), Admit::Handle);
-        assert_eq!(attached.admit("m", "k", 8, 1), Admit::Unattached);
+        let again = attached.admit("m", "k", 7, 1, true);
+        assert_eq!(again, Admit::Duplicate, "passed again");
+        let fresh = attached.admit("m", "k", 7, 2, true);
+        assert_eq!(fresh, Admit::Handle, "its history is here");
+        assert_eq!(attached.admit("m", "k", 8, 1, false), Admit::Unattached);
         // Handed to the next owner with what was handled.
         let moving = attached.of_keys(|key| key == "k");
         let next = Attached::default();
@@ -498,7 +519,12 @@ mod tests {
             next.adopt(&module, &key, a);
         }
         assert_eq!(next.list("m", "k"), vec![7, 3]);
-        assert_eq!(next.admit("m", "k", 7, 1), Admit::Duplicate);
+        assert_eq!(next.admit("m", "k", 7, 1, true), Admit::Duplicate);
+        assert_eq!(
+            next.admit("m", "k", 7, 2, true),
+            Admit::Handle,
+            "handed with its history"
+        );
         attached.detach("m", "k", 7);
         assert_eq!(attached.list("m", "k"), vec![3]);
         let now = std::time::Instant::now();
@@ -509,6 +535,7 @@ mod tests {
             id: 5,
             via: Arc::from("n2"),
             handled: 0,
+            known_from: 1,
             adopted_at: Some(now),
         };
         attached.adopt("m", "moving", adopted);
@@ -516,8 +543,23 @@ mod tests {
         assert_eq!(attached.list("m", "moving"), vec![5]);
         attached.retain(|_, _| false, now);
         assert_eq!(attached.count(), 0);
-        assert_eq!(attached.attach("m", "k", 1, "n1", 0), Err(0));
+        assert_eq!(attached.attach("m", "k", 1, "n1", false, 0), Err(0));
         assert_eq!(attached.count(), 0, "a refusal leaves no empty entry");
+    }
+
+    /// After its owner failed, a connection re-attached elsewhere: a frame
+    /// passed again (its answer lost) may have been handled by the failed
+    /// owner, so it is not handled again (at most once); frames passed
+    /// afresh are, and from the first of them on, so are those passed again.
+    #[test]
+    fn after_a_failure_a_frame_passed_again_is_not_handled_twice() {
+        let attached = Attached::default();
+        attached.attach("m", "k", 7, "n1", true, 8).unwrap();
+        assert_eq!(attached.admit("m", "k", 7, 4, true), Admit::Duplicate);
+        assert_eq!(attached.admit("m", "k", 7, 5, false), Admit::Handle);
+        attached.handled("m", "k", 7, 5);
+        assert_eq!(attached.admit("m", "k", 7, 6, true), Admit::Handle);
+        assert_eq!(attached.admit("m", "k", 7, 4, true), Admit::Duplicate);
     }
 
     #[test]

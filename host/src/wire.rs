@@ -104,6 +104,8 @@ pub(crate) enum PeerRequest {
         /// following: the owner does not handle a number twice.
         seq: u64,
         events: Vec<ConnEvent>,
+        /// Passed before, its answer lost: maybe handled already.
+        again: bool,
     },
     /// WebSocket connections: frames and closes a key on the sender sent
     /// to connections the receiver holds, in order; the response is empty.
@@ -123,6 +125,7 @@ pub(crate) struct WireAttachment {
     pub(crate) id: u64,
     pub(crate) via: String,
     pub(crate) handled: u64,
+    pub(crate) known_from: u64,
 }
 
 /// The [`PeerRequest::Hello`] feature bit of WebSocket connections

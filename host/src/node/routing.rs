@@ -327,8 +327,11 @@ impl NodeShared {
                 key,
                 seq,
                 events,
+                again,
             } => {
-                let ack = self.take_conn_events(&module, &key, seq, events).await?;
+                let ack = self
+                    .take_conn_events(&module, &key, seq, again, events)
+                    .await?;
                 postcard::to_stdvec(&ack)
                     .map_err(|e| Error::Internal(format!("encoding a connection ack: {e}")))
             }

@@ -250,6 +250,8 @@ impl SocketTask {
             self.seq += 1;
             self.seq
         };
+        // Set once it was sent and its answer lost.
+        let mut again = false;
         loop {
             let Some(node) = self.node.upgrade() else {
                 return Err(reconnect("the node is stopping"));
@@ -274,7 +276,7 @@ impl SocketTask {
                 continue;
             }
             let outcome = node
-                .pass_conn_events(&self.module, &self.key, seq, vec![event.clone()])
+                .pass_conn_events(&self.module, &self.key, seq, again, vec![event.clone()])
                 .await;
             drop(node);
             match outcome {
@@ -298,6 +300,7 @@ impl SocketTask {
                 // number, which an owner that handled it (or took its
                 // attachment in a move) does not handle twice.
                 Err(Error::AnswerLost { .. } | Error::Timeout(_)) if Instant::now() < deadline => {
+                    again = true;
                     self.owner = None;
                     tokio::time::sleep(RETRY).await;
                 }
@@ -377,10 +380,11 @@ impl NodeShared {
         module: &str,
         key: &str,
         seq: u64,
+        again: bool,
         events: Vec<ConnEvent>,
     ) -> Result<ConnAck> {
         match self.route(key) {
-            Route::Local { .. } => self.take_conn_events(module, key, seq, events).await,
+            Route::Local { .. } => self.take_conn_events(module, key, seq, again, events).await,
             Route::Forward { owner, .. } => {
                 let addr = self.peer_addr_of(&owner)?;
                 if !self.peers.speaks(owner.as_str(), FEATURE_CONNECTIONS) {
@@ -396,6 +400,7 @@ impl NodeShared {
                     key: key.to_owned(),
                     seq,
                     events,
+                    again,
                 };
                 let body = self
                     .peers
@@ -417,6 +422,7 @@ impl NodeShared {
         module: &str,
         key: &str,
         seq: u64,
+        again: bool,
         events: Vec<ConnEvent>,
     ) -> Result<ConnAck> {
         let slot = self.module(module)?;
@@ -438,8 +444,8 @@ impl NodeShared {
         for (n, event) in (0u64..).zip(events) {
             let seq = if seq == 0 { 0 } else { seq + n };
             let id = match &event {
-                ConnEvent::Opened { id, via, .. } => {
-                    if let Err(n) = attached.attach(module, key, *id, via, max) {
+                ConnEvent::Opened { id, via, resumed } => {
+                    if let Err(n) = attached.attach(module, key, *id, via, *resumed, max) {
                         return Ok(ConnAck::Refused {
                             code: close::POLICY,
                             reason: format!(
@@ -451,14 +457,16 @@ impl NodeShared {
                 }
                 ConnEvent::Text { id, .. }
                 | ConnEvent::Binary { id, .. }
-                | ConnEvent::Closed { id, .. } => match attached.admit(module, key, *id, seq) {
-                    Admit::Handle => *id,
-                    Admit::Duplicate => continue,
-                    // A close of a connection not attached here: nothing
-                    // to tell; a frame: attach it first.
-                    Admit::Unattached if matches!(event, ConnEvent::Closed { .. }) => continue,
-                    Admit::Unattached => return Ok(ConnAck::Unattached),
-                },
+                | ConnEvent::Closed { id, .. } => {
+                    match attached.admit(module, key, *id, seq, again) {
+                        Admit::Handle => *id,
+                        Admit::Duplicate => continue,
+                        // A close of a connection not attached here: nothing
+                        // to tell; a frame: attach it first.
+                        Admit::Unattached if matches!(event, ConnEvent::Closed { .. }) => continue,
+                        Admit::Unattached => return Ok(ConnAck::Unattached),
+                    }
+                }
             };
             let record: Box<dyn FnOnce() + Send> = {
                 let (attached, module, key) = (attached.clone(), module.to_owned(), key.to_owned());
@@ -493,6 +501,7 @@ impl NodeShared {
                 id: a.id,
                 via: Arc::from(a.via.as_str()),
                 handled: a.handled,
+                known_from: a.known_from,
                 adopted_at: Some(std::time::Instant::now()),
             };
             self.connections
@@ -555,6 +564,7 @@ impl NodeShared {
                 id: a.id,
                 via: a.via.to_string(),
                 handled: a.handled,
+                known_from: a.known_from,
             })
             .collect()
     }
@@ -579,8 +589,11 @@ impl NodeShared {
         let since = std::time::Instant::now()
             .checked_sub(if current { grace } else { Duration::ZERO })
             .unwrap_or_else(std::time::Instant::now);
+        // Kept while the key's partition is draining or unowned (a move
+        // hands them over after its keys stopped): dropped once another
+        // node owns it.
         self.connections.attached.retain(
-            |_, key| current && matches!(self.route(key), Route::Local { .. }),
+            |_, key| current && !matches!(self.route(key), Route::Forward { .. }),
             since,
         );
     }
