@@ -27,19 +27,19 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use fantoccini::key::Key;
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, Locator};
 use fief::core::PartitionCount;
 use fief_tests::multiprocess::{
     ClusterNode, FAST_TIMINGS, NodeSpec, PG_ADDR, arbiter_url, drop_namespace, test_database,
     unique_namespace,
 };
-use fief_tests::{fief_cli, free_port, guests, workspace_root};
+use fief_tests::{fief_cli, guests, workspace_root};
 
+use crate::browser::Driver;
 use crate::processes::{SERIAL, start_nodes, wait_settled};
 
 /// The room the two talk in (a key of the `chat` module).
@@ -52,75 +52,6 @@ const PACE: Duration = Duration::from_millis(100);
 /// At most this many messages per person while the owner leaves (the room
 /// keeps 100; the newcomer must get them all).
 const MAX_DURING: usize = 30;
-
-/// `chromedriver` on a free port, killed when dropped.
-struct Driver {
-    child: Child,
-    url: String,
-}
-
-impl Driver {
-    fn start() -> Driver {
-        let port = free_port();
-        let child = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start chromedriver ({e}): the chat browser test needs Debian's \
-                     `chromium` and `chromium-driver` packages (apt-get install -y chromium \
-                     chromium-driver; ./scripts/test.sh installs them)"
-                )
-            });
-        Driver {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    /// A headless Chromium session (its own browser), once chromedriver
-    /// answers (at most 30 s).
-    async fn session(&self) -> Client {
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".to_owned(),
-            serde_json::json!({
-                "args": [
-                    "--headless=new",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-dev-shm-usage",
-                    "--window-size=900,1000",
-                ]
-            }),
-        );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-            match ClientBuilder::new(connector)
-                .capabilities(capabilities.clone())
-                .connect(&self.url)
-                .await
-            {
-                Ok(client) => return client,
-                Err(e) => assert!(
-                    Instant::now() < deadline,
-                    "no Chromium session from chromedriver within 30 s: {e}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// How a person sends what they typed.
 #[derive(Clone, Copy, Debug)]
@@ -166,7 +97,7 @@ impl Page {
             .append_pair("node", &node.url.replacen("http://", "ws://", 1))
             .append_pair("room", ROOM)
             .append_pair("name", name);
-        let client = driver.session().await;
+        let client = driver.session_sized(900, 1000).await;
         client
             .goto(url.as_str())
             .await
@@ -521,7 +452,7 @@ async fn two_browsers_chat_through_a_room_whose_owner_leaves() {
     let cluster_ready = started.elapsed();
 
     // Each person on a node that does not own the room.
-    let driver = Driver::start();
+    let driver = Driver::start("chat browser");
     let ann = Page::open(&driver, "ann", &stayers[0], Submit::Click).await;
     let bob = Page::open(&driver, "bob", &stayers[1], Submit::Enter).await;
     let pages = [&ann, &bob];

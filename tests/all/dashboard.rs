@@ -11,89 +11,21 @@
 //! `PATH` (`./scripts/test.sh` installs both, through `scripts/install-test-deps.sh`).
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder};
+use fantoccini::Client;
 use fief_tests::multiprocess::{
     ClusterNode, FAST_TIMINGS, NodeSpec, PG_ADDR, arbiter_url, drop_namespace, test_database,
     unique_namespace,
 };
-use fief_tests::{free_port, guests, workspace_root};
+use fief_tests::{guests, workspace_root};
 
+use crate::browser::Driver;
 use crate::processes::{SERIAL, wait_settled};
 
 /// How long the page may take to show what the test waits for: several
 /// lease TTLs (2 s) for the failover, plus a loaded CI machine.
 const PAGE_LIMIT: Duration = Duration::from_secs(60);
-
-/// `chromedriver` on a free port, killed when dropped.
-struct Driver {
-    child: Child,
-    url: String,
-}
-
-impl Driver {
-    fn start() -> Driver {
-        let port = free_port();
-        let child = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start chromedriver ({e}): the dashboard test needs Debian's \
-                     `chromium` and `chromium-driver` packages (apt-get install -y chromium \
-                     chromium-driver; ./scripts/test.sh installs them)"
-                )
-            });
-        Driver {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    /// A headless Chromium session, once chromedriver answers (at most 30 s).
-    async fn session(&self) -> Client {
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".to_owned(),
-            serde_json::json!({
-                "args": [
-                    "--headless=new",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-dev-shm-usage",
-                    "--window-size=1280,1100",
-                ]
-            }),
-        );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-            match ClientBuilder::new(connector)
-                .capabilities(capabilities.clone())
-                .connect(&self.url)
-                .await
-            {
-                Ok(client) => return client,
-                Err(e) => assert!(
-                    Instant::now() < deadline,
-                    "no Chromium session from chromedriver within 30 s: {e}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What the page shows, read from its DOM.
 #[derive(Debug)]
@@ -205,8 +137,8 @@ async fn the_dashboard_shows_a_killed_nodes_partitions_move() {
         let _ = nodes[0].call("counter", key, "incr").await;
     }
 
-    let driver = Driver::start();
-    let client = driver.session().await;
+    let driver = Driver::start("dashboard");
+    let client = driver.session_sized(1280, 1100).await;
     client
         .goto(&format!("{}/", nodes[0].url))
         .await

@@ -999,16 +999,13 @@ mod websockets {
     use std::time::Duration;
 
     use fief::{Instance, StopReason};
+    use fief_tests::ws::{self, Client};
     use fief_tests::{HttpServer, call_text, eventually, eventually_async, guests, is_live};
-    use futures_util::{SinkExt, StreamExt};
-    use tokio::net::TcpStream;
+    use futures_util::SinkExt;
     use tokio_tungstenite::tungstenite::Message;
     use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-    use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
     use super::{script_config, script_options};
-
-    type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
     /// How long a client waits for one frame (a first activation of an
     /// interpreter on a loaded machine included).
@@ -1027,42 +1024,15 @@ mod websockets {
     }
 
     async fn connect(server: &HttpServer, module: &str, key: &str) -> Client {
-        let url = server
-            .url(&format!("/v1/keys/{module}/{key}/connect"))
-            .replacen("http://", "ws://", 1);
-        let (client, _) = tokio_tungstenite::connect_async(url)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {module}/{key}: {e}"));
-        client
+        ws::connect(&server.base, module, key).await
     }
 
-    /// The next text frame, skipping pings.
     async fn next_text(client: &mut Client) -> String {
-        loop {
-            let frame = tokio::time::timeout(PATIENCE, client.next())
-                .await
-                .expect("a frame within the patience")
-                .expect("the connection is open")
-                .expect("a frame, not an error");
-            match frame {
-                Message::Text(text) => return text.to_string(),
-                Message::Ping(_) | Message::Pong(_) => {}
-                other => panic!("expected a text frame, got {other:?}"),
-            }
-        }
+        ws::next_text(client, PATIENCE).await
     }
 
-    /// The close frame the client gets next (text frames before it skipped).
     async fn next_close(client: &mut Client) -> Option<CloseFrame> {
-        loop {
-            match tokio::time::timeout(PATIENCE, client.next()).await {
-                Ok(Some(Ok(Message::Close(frame)))) => return frame,
-                Ok(Some(Ok(_))) => {}
-                Ok(Some(Err(e))) => panic!("the connection failed instead of closing: {e}"),
-                Ok(None) => return None,
-                Err(_) => panic!("no close within {PATIENCE:?}"),
-            }
-        }
+        ws::next_close(client, PATIENCE).await
     }
 
     /// Wait until room `key` of `module` says it has `n` connections.

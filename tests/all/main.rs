@@ -6,6 +6,7 @@ mod alarms;
 mod alarms_cluster;
 mod arbiter;
 mod bad_input;
+mod browser;
 mod cache;
 mod ceilings;
 mod chaos;

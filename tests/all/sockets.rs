@@ -11,14 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fief::{Instance, ModuleOptions, NodeConfig};
+use fief_tests::ws::{self, Client};
 use fief_tests::{HttpServer, eventually, guests, test_config};
-use futures_util::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
+use futures_util::SinkExt;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-
-type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// How long a client waits for one frame.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -38,42 +35,15 @@ async fn node(options: ModuleOptions, config: NodeConfig) -> (Arc<Instance>, Htt
 }
 
 async fn connect(server: &HttpServer, module: &str, key: &str) -> Client {
-    let url = server
-        .url(&format!("/v1/keys/{module}/{key}/connect"))
-        .replacen("http://", "ws://", 1);
-    let (client, _) = tokio_tungstenite::connect_async(url)
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {module}/{key}: {e}"));
-    client
+    ws::connect(&server.base, module, key).await
 }
 
-/// The next text frame, skipping pings.
 async fn next_text(client: &mut Client) -> String {
-    loop {
-        let frame = tokio::time::timeout(PATIENCE, client.next())
-            .await
-            .expect("a frame within the patience")
-            .expect("the connection is open")
-            .expect("a frame, not an error");
-        match frame {
-            Message::Text(text) => return text.to_string(),
-            Message::Ping(_) | Message::Pong(_) => {}
-            other => panic!("expected a text frame, got {other:?}"),
-        }
-    }
+    ws::next_text(client, PATIENCE).await
 }
 
-/// The close frame the client gets next (text frames before it skipped).
 async fn next_close(client: &mut Client) -> Option<CloseFrame> {
-    loop {
-        match tokio::time::timeout(PATIENCE, client.next()).await {
-            Ok(Some(Ok(Message::Close(frame)))) => return frame,
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(e))) => panic!("the connection failed instead of closing: {e}"),
-            Ok(None) => return None,
-            Err(_) => panic!("no close within {PATIENCE:?}"),
-        }
-    }
+    ws::next_close(client, PATIENCE).await
 }
 
 async fn call(node: &Instance, module: &str, key: &str, message: &str) -> String {
@@ -210,9 +180,7 @@ async fn limits_close_a_connection_with_their_code_and_the_rest_serve_on() {
     let _a = connect(&server, "chat", "a").await;
     let _b = connect(&server, "chat", "b").await;
     eventually(PATIENCE, "four sockets held", || node.status().sockets == 4).await;
-    let url = server
-        .url("/v1/keys/chat/c/connect")
-        .replacen("http://", "ws://", 1);
+    let url = ws::url(&server.base, "chat", "c");
     let refused = tokio_tungstenite::connect_async(url).await.unwrap_err();
     let text = format!("{refused:?}");
     assert!(text.contains("429"), "{text}");
@@ -236,9 +204,7 @@ async fn a_module_without_a_handler_or_a_plain_request_is_refused_clearly() {
     let body: serde_json::Value = plain.json().await.unwrap();
     assert_eq!(body["error"]["code"], "upgrade_required", "{body}");
     // An unknown module: 404.
-    let url = server
-        .url("/v1/keys/nope/k/connect")
-        .replacen("http://", "ws://", 1);
+    let url = ws::url(&server.base, "nope", "k");
     let refused = format!(
         "{:?}",
         tokio_tungstenite::connect_async(url).await.unwrap_err()

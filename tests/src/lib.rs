@@ -14,6 +14,7 @@ use fief::{Instance, ModuleOptions, NodeConfig};
 pub mod history;
 pub mod scratch_postgres;
 pub mod storage_backend;
+pub mod ws;
 
 /// The guest components, built from source for these tests.
 pub mod guests {
