@@ -95,6 +95,11 @@ async fn clients_talk_through_a_key_each_frame_once_and_in_order() {
     assert_eq!(call(&node, "chat", "lobby", "say hello").await, "2");
     assert_eq!(next_text(&mut ann).await, "hello");
     assert_eq!(next_text(&mut bob).await, "hello");
+    // A frame much larger than a socket's read buffer, within the limit.
+    let big = "x".repeat(512 * 1024);
+    ann.send(Message::text(big.clone())).await.unwrap();
+    assert_eq!(next_text(&mut ann).await.len(), big.len());
+    assert_eq!(next_text(&mut bob).await.len(), big.len());
     // A newcomer gets the history first.
     let mut cid = connect(&server, "chat", "lobby").await;
     assert_eq!(next_text(&mut cid).await, first);

@@ -34,6 +34,12 @@
 //! `timer:<tag>`, each publication as `pub:<topic>:<payload>`, and each
 //! `handle-fence` as `fence:<deadline-ms>`.
 //!
+//! WebSocket connections (`GET /v1/keys/probe/<key>/connect`): every text
+//! frame is sent back as a text frame to the connection it came from, every
+//! binary frame as a binary frame (an echo; `benches/benches/realtime.rs`'s
+//! `echo` drives it); opens and closes are accepted. Nothing is recorded:
+//! connection events never appear in `events`.
+//!
 //! Other lifecycle behaviour: `init` refuses keys starting with `refuse-`;
 //! `handle-fence` answers `stop` unless told otherwise; `handoff` returns
 //! `probe-handoff:<number of events>`; `terminate` records nothing (the
@@ -45,6 +51,7 @@
 use core::time::Duration;
 
 use fief_guest::cache::{self, Write};
+use fief_guest::connections::{self, Event};
 use fief_guest::{FenceDecision, Info, Key, StopReason, TimerId, export_key, host};
 
 /// Timeout of the `call` command.
@@ -251,6 +258,20 @@ impl Key for Probe {
             ),
         };
         self.events.push(event);
+    }
+
+    fn handle_connection(&mut self, event: Event) {
+        // An echo; a send the host refuses (a full queue, a closed
+        // connection) is dropped, as an echo server would.
+        match event {
+            Event::Text { id, text } => {
+                let _ = connections::send_text(id, &text);
+            }
+            Event::Binary { id, data } => {
+                let _ = connections::send_binary(id, &data);
+            }
+            Event::Opened { .. } | Event::Closed { .. } => {}
+        }
     }
 
     fn handle_fence(&mut self, deadline_ms: u32) -> FenceDecision {
