@@ -156,6 +156,7 @@ async fn limits_close_a_connection_with_their_code_and_the_rest_serve_on() {
     let config = NodeConfig {
         max_connections: 4,
         max_connections_per_tenant: 4,
+        max_message_size: fief::config::ByteSize::kib(64),
         ..test_config()
     };
     let (node, server) = node(options, config).await;
@@ -180,6 +181,13 @@ async fn limits_close_a_connection_with_their_code_and_the_rest_serve_on() {
     let close = next_close(&mut flood).await.expect("a close frame");
     assert_eq!(u16::from(close.code), 1008, "{close:?}");
     assert!(close.reason.contains("max_frames_per_second"), "{close:?}");
+
+    // A frame over max_message_size: closed with 1009.
+    let mut big = connect(&server, "chat", "big").await;
+    let _ = big.send(Message::text("x".repeat(100 * 1024))).await;
+    let close = next_close(&mut big).await.expect("a close frame");
+    assert_eq!(u16::from(close.code), 1009, "{close:?}");
+    assert!(close.reason.contains("max_message_size"), "{close:?}");
 
     // The node's limit: a connect past it is refused before the upgrade.
     let _a = connect(&server, "chat", "a").await;
