@@ -151,6 +151,7 @@ async fn limits_close_a_connection_with_their_code_and_the_rest_serve_on() {
     let options = ModuleOptions {
         max_connections_per_key: 2,
         max_frames_per_second: 20,
+        max_message_size: Some(fief::config::ByteSize::kib(32)),
         ..ModuleOptions::default()
     };
     let config = NodeConfig {
@@ -182,9 +183,10 @@ async fn limits_close_a_connection_with_their_code_and_the_rest_serve_on() {
     assert_eq!(u16::from(close.code), 1008, "{close:?}");
     assert!(close.reason.contains("max_frames_per_second"), "{close:?}");
 
-    // A frame over max_message_size: closed with 1009.
+    // A frame over the module's max_message_size (32 KiB, under the
+    // node's 64 KiB): closed with 1009.
     let mut big = connect(&server, "chat", "big").await;
-    let _ = big.send(Message::text("x".repeat(100 * 1024))).await;
+    let _ = big.send(Message::text("x".repeat(40 * 1024))).await;
     let close = next_close(&mut big).await.expect("a close frame");
     assert_eq!(u16::from(close.code), 1009, "{close:?}");
     assert!(close.reason.contains("max_message_size"), "{close:?}");

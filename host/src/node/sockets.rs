@@ -89,7 +89,15 @@ impl Instance {
                     option: "max_connections_per_tenant",
                 },
             })?;
-        let max = config.max_message_size.as_u64() as usize;
+        // A client's frame: at most the module's max_message_size (itself
+        // at most the node's).
+        let max = slot
+            .peek()
+            .options
+            .max_message_size
+            .unwrap_or(config.max_message_size)
+            .min(config.max_message_size)
+            .as_u64() as usize;
         let shared = Arc::downgrade(node);
         let (module, key) = (module.to_owned(), key.to_owned());
         // tungstenite's default read buffer is 128 KiB per connection (1.2
