@@ -321,10 +321,10 @@ pub enum Error {
         "the module store is unavailable: {0}; nothing was changed, retry when the arbiter is reachable"
     )]
     ModuleStore(String),
-    /// The arbiter could not be reached or refused a membership step (a
-    /// leave's `set_leaving`, `live_nodes` or `release`).
+    /// The arbiter refused a leave's first steps (`set_leaving`,
+    /// `live_nodes`), or did not answer them until the leave's deadline.
     #[error(
-        "the arbiter could not be reached or refused: {0}; the node's lease and partitions are as they were, retry when the arbiter is reachable"
+        "the leave could not get through to the arbiter: {0}; the node still holds its lease and serves (it may be marked as leaving, and then its partitions move away); run the leave again when the arbiter is reachable"
     )]
     ArbiterUnavailable(String),
     /// A key's durable state could not be loaded or its commit did not

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use fief_tests::multiprocess::{
-    ClusterNode, FAST_TIMINGS, NodeSpec, PgProxy, call_url, unique_namespace,
+    ClusterNode, FAST_TIMINGS, NodeSpec, PgProxy, call_url, drop_namespace, test_database,
+    unique_namespace,
 };
 use fief_tests::{fief_cli, guests};
 
@@ -153,6 +154,9 @@ async fn client(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stored_counter_stays_linearizable_through_kills_pauses_cuts_and_leaves() {
     let _serial = SERIAL.lock().await;
+    // The nodes reach PostgreSQL through proxies: make sure the test
+    // database exists (run alone, no other test has made it).
+    let db = test_database().await;
     let namespace = unique_namespace("stored-lin");
     let proxies: Vec<PgProxy> = {
         let mut out = Vec::new();
@@ -272,6 +276,8 @@ async fn a_stored_counter_stays_linearizable_through_kills_pauses_cuts_and_leave
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    drop(nodes);
+    drop_namespace(&db, &namespace).await;
 }
 
 /// A stored counter in the embedded backend survives `kill -9` of its node:

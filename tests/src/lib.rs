@@ -504,10 +504,15 @@ pub mod multiprocess {
         format!("{test}-{}-{n}-{micros}", std::process::id())
     }
 
-    /// Delete a namespace's rows from the arbiter's tables (best effort; for
-    /// the end of a passing test, once its nodes are gone).
+    /// Delete a namespace's rows from the arbiter's and the storage's tables
+    /// (best effort; for the end of a passing test, once its nodes are gone),
+    /// so a long-lived test database does not grow with every run.
     pub async fn drop_namespace(db: &tokio_postgres::Client, namespace: &str) {
         for table in [
+            "fief_storage_entries",
+            "fief_storage_alarms",
+            "fief_storage_usage",
+            "fief_storage_fences",
             "fief_module_versions",
             "fief_modules",
             "fief_partitions",

@@ -251,6 +251,10 @@ pub struct LeaveReport {
     /// There was no other live node to hand to: the keys stopped here, and
     /// their states ended with them.
     pub no_other_node: bool,
+    /// The arbiter confirmed the lease's release. When false it never
+    /// answered (for a lease TTL): the lease, fenced here, lapses at its
+    /// TTL and others take the partitions it still held then.
+    pub released: bool,
 }
 
 impl Instance {
@@ -285,9 +289,9 @@ impl Instance {
         }
         lock(&shared.leave_losses).clear();
         shared.apply(|m, now| m.begin_leave(now, timeout));
-        // Each arbiter step is bounded by the renewal interval; the wait for
-        // the moves by `timeout`.
-        let slack = shared.config.renew_interval * 4;
+        // The mark, the read and the moves are bounded by `timeout`; the
+        // release by a lease TTL (each step retried every LEAVE_RETRY).
+        let slack = shared.config.lease_ttl + shared.config.renew_interval * 4;
         let outcome = match tokio::time::timeout(timeout + slack, rx).await {
             Ok(Ok(outcome)) => outcome,
             _ => {
@@ -296,8 +300,11 @@ impl Instance {
                 return Err(Error::Timeout(timeout));
             }
         };
-        let no_other_node = match outcome {
-            LeaveOutcome::Left { no_other_node } => no_other_node,
+        let (no_other_node, released) = match outcome {
+            LeaveOutcome::Left {
+                no_other_node,
+                released,
+            } => (no_other_node, released),
             LeaveOutcome::FencedWhileLeaving => {
                 self.coordination.abort();
                 return Err(Error::FencedWhileLeaving);
@@ -317,7 +324,11 @@ impl Instance {
         let report = LeaveReport {
             lost_states: std::mem::take(&mut *lock(&shared.leave_losses)),
             no_other_node,
+            released,
         };
+        if !released {
+            tracing::warn!(node = %shared.node_id, "the arbiter never confirmed the lease's release: it is fenced here and lapses at its TTL");
+        }
         tracing::info!(node = %shared.node_id, lost_states = report.lost_states.len(), no_other_node = report.no_other_node, "left the cluster");
         Ok(report)
     }

@@ -5,6 +5,12 @@
 //! lease → release it. **The lease is fenced before it is released**: once
 //! released, the arbiter lets others take whatever this node still owns. It
 //! must not stop keys itself (the moves do, as every move).
+//!
+//! Every arbiter step is idempotent (a mark, a read, a release), so one that
+//! is not answered in time or fails is sent again every [`LEAVE_RETRY`]: a
+//! slow or briefly unreachable arbiter delays a leave, it does not fail it.
+//! The mark and the read are retried until the leave's deadline; the release
+//! for one lease TTL (past that the fenced lease lapses on its own).
 
 use std::time::Duration;
 
@@ -16,14 +22,22 @@ use crate::time::Instant;
 /// How often a leave waiting for its moves asks for a round.
 pub const LEAVE_POLL: Duration = Duration::from_millis(50);
 
+/// How long a leave waits before it sends a failed arbiter step again.
+pub const LEAVE_RETRY: Duration = Duration::from_millis(200);
+
 /// How a leave ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeaveOutcome {
-    /// The lease is released. `no_other_node`: no other live node could
-    /// take over, so nothing was handed off.
+    /// The node left: its lease is fenced and released (or, if the arbiter
+    /// never answered the release, fenced and left to lapse at its TTL).
+    /// `no_other_node`: no other live node could take over, so nothing was
+    /// handed off.
     Left {
         /// Whether no other live node could take over.
         no_other_node: bool,
+        /// Whether the arbiter confirmed the release (else the lease lapses
+        /// at its TTL, and others take over then).
+        released: bool,
     },
     /// A fence came first: the lease is released, but the keys it still
     /// held were stopped by the fence, not handed off.
@@ -35,7 +49,9 @@ pub enum LeaveOutcome {
     NotMember,
     /// A leave is already under way.
     AlreadyLeaving,
-    /// The arbiter refused or did not answer.
+    /// The arbiter refused or did not answer the mark or the read until the
+    /// leave's deadline: the node still holds its lease and serves, and may
+    /// be marked as leaving.
     ArbiterFailed(String),
 }
 
@@ -45,27 +61,54 @@ pub(super) struct Leave {
     lease: LeaseId,
     deadline: Instant,
     phase: Phase,
+    /// Why the last failed step failed (for the outcome, if none succeeds).
+    failure: Option<String>,
 }
 
 #[derive(Debug)]
 enum Phase {
-    Marking(OpId),
-    Reading(OpId),
+    Marking(Step),
+    Reading(Step),
     Handing {
         next_check: Instant,
     },
     Releasing {
-        op: OpId,
+        step: Step,
+        /// The lease to give up (a fence during the leave may have been
+        /// followed by a rejoin).
+        release: LeaseId,
+        /// Until when the release is sent again.
+        until: Instant,
         others: bool,
         fenced: bool,
     },
 }
 
+/// One arbiter step: in flight as `op`, or waiting to be sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Sent(OpId),
+    RetryAt(Instant),
+}
+
+impl Step {
+    fn is(&self, op: OpId) -> bool {
+        *self == Step::Sent(op)
+    }
+}
+
 impl Leave {
-    /// When the leave must look again, if it is waiting for moves.
+    /// When the leave must look again: it waits for moves, or to send a
+    /// failed step again.
     pub(super) fn next_check(&self) -> Option<Instant> {
         match self.phase {
             Phase::Handing { next_check } => Some(next_check),
+            Phase::Marking(Step::RetryAt(at))
+            | Phase::Reading(Step::RetryAt(at))
+            | Phase::Releasing {
+                step: Step::RetryAt(at),
+                ..
+            } => Some(at),
             _ => None,
         }
     }
@@ -83,7 +126,8 @@ impl Membership {
         self.leave = Some(Leave {
             lease,
             deadline: now + timeout,
-            phase: Phase::Marking(op),
+            phase: Phase::Marking(Step::Sent(op)),
+            failure: None,
         });
     }
 
@@ -103,19 +147,45 @@ impl Membership {
         let Some(leave) = self.leave.as_mut() else {
             return;
         };
-        let failed = |reply: Reply| match reply {
-            Reply::Failed(why) => why,
-            Reply::LeaseExpired => "the arbiter says the lease expired".to_owned(),
-            other => format!("unexpected answer {other:?}"),
+        let releasing = matches!(leave.phase, Phase::Releasing { .. });
+        let (step, succeeded) = match (&mut leave.phase, &reply) {
+            (Phase::Marking(step), Reply::Done) | (Phase::Reading(step), Reply::Members(_)) => {
+                (step, true)
+            }
+            // A lease the arbiter already let expire is as good as released.
+            (Phase::Releasing { step, .. }, Reply::Done | Reply::LeaseExpired) => (step, true),
+            (Phase::Marking(step) | Phase::Reading(step) | Phase::Releasing { step, .. }, _) => {
+                (step, false)
+            }
+            (Phase::Handing { .. }, _) => return,
         };
+        if !step.is(op) {
+            return;
+        }
+        if !succeeded {
+            // Refused for good: this lease is not the arbiter's any more.
+            if reply == Reply::LeaseExpired && !releasing {
+                self.leave = None;
+                return out.push(Effect::LeaveDone(LeaveOutcome::ArbiterFailed(
+                    "the arbiter says the lease expired".to_owned(),
+                )));
+            }
+            leave.failure = Some(match reply {
+                Reply::Failed(why) => why,
+                Reply::LeaseExpired => "the arbiter says the lease expired".to_owned(),
+                other => format!("unexpected answer {other:?}"),
+            });
+            *step = Step::RetryAt(now + LEAVE_RETRY);
+            return self.leave_check(now, out);
+        }
         match (&leave.phase, reply) {
-            (Phase::Marking(o), Reply::Done) if *o == op => {
+            (Phase::Marking(_), _) => {
                 let read = self.leave_request(now, Request::LiveNodes, out);
                 if let Some(leave) = self.leave.as_mut() {
-                    leave.phase = Phase::Reading(read);
+                    leave.phase = Phase::Reading(Step::Sent(read));
                 }
             }
-            (Phase::Reading(o), Reply::Members(members)) if *o == op => {
+            (Phase::Reading(_), Reply::Members(members)) => {
                 let me = &self.cfg.me;
                 let others = members.iter().any(|m| &m.node != me && !m.leaving);
                 if others {
@@ -125,56 +195,86 @@ impl Membership {
                     self.finish_leave(now, false, out);
                 }
             }
-            (
-                Phase::Releasing {
-                    op: o,
-                    others,
-                    fenced,
-                },
-                reply,
-            ) if *o == op => {
-                let outcome = match reply {
-                    Reply::Done if *fenced => LeaveOutcome::FencedWhileLeaving,
-                    Reply::Done => LeaveOutcome::Left {
-                        no_other_node: !*others,
-                    },
-                    reply => LeaveOutcome::ArbiterFailed(failed(reply)),
-                };
+            (Phase::Releasing { others, fenced, .. }, _) => {
+                let outcome = released(*others, *fenced, true);
                 self.leave = None;
                 out.push(Effect::LeaveDone(outcome));
-            }
-            (Phase::Marking(o) | Phase::Reading(o), reply) if *o == op => {
-                self.leave = None;
-                out.push(Effect::LeaveDone(LeaveOutcome::ArbiterFailed(failed(
-                    reply,
-                ))));
             }
             _ => {}
         }
     }
 
-    /// Waiting for the moves: done once nothing is owned here (or a fence
-    /// forgot the table); given up at the deadline; else ask for a round.
+    /// Time passed: send a failed step again (or give up past its
+    /// deadline); while waiting for the moves, finish once nothing is owned
+    /// here (or a fence forgot the table), give up at the deadline, else
+    /// ask for a round.
     pub(super) fn leave_check(&mut self, now: Instant, out: &mut Vec<Effect>) {
         let Some(leave) = self.leave.as_mut() else {
             return;
         };
-        let Phase::Handing { next_check } = &mut leave.phase else {
-            return;
-        };
-        if now < *next_check {
-            return;
+        let lease = leave.lease;
+        match &mut leave.phase {
+            Phase::Marking(Step::RetryAt(at)) | Phase::Reading(Step::RetryAt(at)) => {
+                if now < *at {
+                    return;
+                }
+                if now >= leave.deadline {
+                    let why = leave.failure.take().unwrap_or_default();
+                    self.leave = None;
+                    return out.push(Effect::LeaveDone(LeaveOutcome::ArbiterFailed(why)));
+                }
+                let request = match leave.phase {
+                    Phase::Marking(_) => Request::SetLeaving(lease),
+                    _ => Request::LiveNodes,
+                };
+                let op = self.leave_request(now, request, out);
+                if let Some(Phase::Marking(step) | Phase::Reading(step)) =
+                    self.leave.as_mut().map(|l| &mut l.phase)
+                {
+                    *step = Step::Sent(op);
+                }
+            }
+            Phase::Releasing {
+                step: Step::RetryAt(at),
+                release,
+                until,
+                others,
+                fenced,
+            } => {
+                if now < *at {
+                    return;
+                }
+                if now >= *until {
+                    // The lease is fenced here and lapses at its TTL.
+                    let outcome = released(*others, *fenced, false);
+                    self.leave = None;
+                    return out.push(Effect::LeaveDone(outcome));
+                }
+                let request = Request::Release(*release);
+                let op = self.leave_request(now, request, out);
+                if let Some(Phase::Releasing { step, .. }) =
+                    self.leave.as_mut().map(|l| &mut l.phase)
+                {
+                    *step = Step::Sent(op);
+                }
+            }
+            Phase::Handing { next_check } => {
+                if now < *next_check {
+                    return;
+                }
+                let fenced = self.lease != Some(lease) || self.fenced_this_lease;
+                if fenced || self.table.count_owned_by(&self.cfg.me) == 0 {
+                    return self.finish_leave(now, true, out);
+                }
+                if now >= leave.deadline {
+                    self.leave = None;
+                    return out.push(Effect::LeaveDone(LeaveOutcome::TimedOut));
+                }
+                *next_check = now + LEAVE_POLL;
+                self.coord.nudge();
+            }
+            _ => {}
         }
-        let fenced = self.lease != Some(leave.lease) || self.fenced_this_lease;
-        if fenced || self.table.count_owned_by(&self.cfg.me) == 0 {
-            return self.finish_leave(now, true, out);
-        }
-        if now >= leave.deadline {
-            self.leave = None;
-            return out.push(Effect::LeaveDone(LeaveOutcome::TimedOut));
-        }
-        *next_check = now + LEAVE_POLL;
-        self.coord.nudge();
     }
 
     /// A fence came while the leave waited for its moves: finish it now
@@ -203,8 +303,27 @@ impl Membership {
         // lease to give up is the one held now.
         let release = self.lease.unwrap_or(lease);
         let op = self.leave_request(now, Request::Release(release), out);
+        let until = now + self.cfg.timing.lease_ttl();
         if let Some(leave) = self.leave.as_mut() {
-            leave.phase = Phase::Releasing { op, others, fenced };
+            leave.phase = Phase::Releasing {
+                step: Step::Sent(op),
+                release,
+                until,
+                others,
+                fenced,
+            };
+        }
+    }
+}
+
+/// How a leave that reached its release ended.
+fn released(others: bool, fenced: bool, released: bool) -> LeaveOutcome {
+    if fenced {
+        LeaveOutcome::FencedWhileLeaving
+    } else {
+        LeaveOutcome::Left {
+            no_other_node: !others,
+            released,
         }
     }
 }

@@ -46,7 +46,7 @@ use crate::ownership::{NodeId, OwnershipTable, Route, RouteRefusal};
 use crate::partition::{PartitionCount, PartitionId};
 use crate::time::Instant;
 
-pub use leave::LeaveOutcome;
+pub use leave::{LEAVE_RETRY, LeaveOutcome};
 
 /// Why a node fenced when asked to from outside the round.
 pub const FENCE_REQUESTED: &str = "requested";

@@ -373,7 +373,8 @@ fn a_leave_waits_for_the_moves_then_fences_the_lease_before_releasing_it() {
     assert_eq!(
         e,
         vec![Effect::LeaveDone(LeaveOutcome::Left {
-            no_other_node: false
+            no_other_node: false,
+            released: true,
         })]
     );
     assert_eq!(m.wake_at(), None);
@@ -400,6 +401,129 @@ fn a_leave_that_cannot_finish_in_time_times_out_and_the_node_stays() {
     assert_eq!(outcome, Some(LeaveOutcome::TimedOut));
     assert!(!m.is_stopped());
     assert!(local(&mut m, at(now), 0));
+}
+
+/// The leave's outcome among `effects`, if it ended.
+fn leave_done(effects: &[Effect]) -> Option<LeaveOutcome> {
+    effects.iter().find_map(|e| match e {
+        Effect::LeaveDone(o) => Some(o.clone()),
+        _ => None,
+    })
+}
+
+/// A slow or briefly unreachable arbiter delays a leave, it does not fail
+/// it: a mark and a read not answered in time are sent again, and the leave
+/// goes on.
+#[test]
+fn a_leave_sends_an_unanswered_mark_or_read_again_and_goes_on() {
+    let mut m = joined(three(), table());
+    let (op, req) = op_request(&m.begin_leave(at(10), Duration::from_secs(30))).unwrap();
+    assert_eq!(req, Request::SetLeaving(LeaseId(1)));
+    // No answer within the step's bound (the renewal interval, 1 s).
+    let e = m.on_tick(at(1010));
+    assert_eq!(leave_done(&e), None, "the leave goes on: {e:?}");
+    assert!(op_request(&e).is_none(), "not at once: after LEAVE_RETRY");
+    assert_eq!(m.wake_at(), Some(at(1010) + LEAVE_RETRY).min(m.wake_at()));
+    let e = m.on_tick(at(1010) + LEAVE_RETRY);
+    let (op2, req) = op_request(&e).expect("the mark, again");
+    assert_eq!(req, Request::SetLeaving(LeaseId(1)));
+    // The first attempt's late answer is not taken for the second's.
+    assert!(op_request(&m.on_op_reply(at(1300), op, Reply::Done)).is_none());
+    let (op, req) = op_request(&m.on_op_reply(at(1301), op2, Reply::Done)).unwrap();
+    assert_eq!(req, Request::LiveNodes);
+    // The read fails outright: read again.
+    let e = m.on_op_reply(at(1302), op, Reply::Failed("connection reset".into()));
+    assert_eq!(leave_done(&e), None);
+    let (op, req) = op_request(&m.on_tick(at(1302) + LEAVE_RETRY)).unwrap();
+    assert_eq!(req, Request::LiveNodes);
+    let e = m.on_op_reply(at(1600), op, Reply::Members(three()));
+    assert_eq!(leave_done(&e), None, "waits for the moves");
+    assert!(m.is_leaving());
+}
+
+/// A mark that never gets through ends the leave at its deadline with the
+/// arbiter's last error; a lease the arbiter says expired ends it at once.
+#[test]
+fn a_leave_the_arbiter_never_answers_fails_at_its_deadline() {
+    let mut m = joined(three(), table());
+    m.begin_leave(at(10), Duration::from_secs(2));
+    let mut now = 10;
+    let mut outcome = None;
+    let mut marks = 0;
+    while outcome.is_none() && now < 10_000 {
+        now = m.wake_at().unwrap().since_origin().as_millis() as u64;
+        let e = m.on_tick(at(now));
+        if let Some((op, Request::SetLeaving(_))) = op_request(&e) {
+            marks += 1;
+            let e = m.on_op_reply(at(now), op, Reply::Failed("unreachable".into()));
+            outcome = leave_done(&e);
+        }
+        outcome = outcome.or(leave_done(&e));
+    }
+    assert_eq!(
+        outcome,
+        Some(LeaveOutcome::ArbiterFailed("unreachable".into()))
+    );
+    assert!(now >= 2010 && now < 2010 + 300, "at the deadline: {now}");
+    assert!(marks >= 4, "sent again meanwhile: {marks}");
+    assert!(!m.is_stopped() && !m.is_leaving());
+
+    let mut m = joined(three(), table());
+    let (op, _) = op_request(&m.begin_leave(at(10), Duration::from_secs(30))).unwrap();
+    assert_eq!(
+        leave_done(&m.on_op_reply(at(11), op, Reply::LeaseExpired)),
+        Some(LeaveOutcome::ArbiterFailed(
+            "the arbiter says the lease expired".into()
+        ))
+    );
+}
+
+/// The release is sent again until it is answered; one the arbiter never
+/// answers for a lease TTL ends the leave all the same (the lease is fenced
+/// here and lapses at its TTL), said as `released: false`.
+#[test]
+fn a_release_the_arbiter_never_answers_is_retried_then_left_to_lapse() {
+    let mut m = joined(three(), table());
+    let (op, _) = op_request(&m.begin_leave(at(10), Duration::from_secs(30))).unwrap();
+    let (op, _) = op_request(&m.on_op_reply(at(11), op, Reply::Done)).unwrap();
+    // No other live node: straight to the release.
+    let e = m.on_op_reply(at(12), op, Reply::Members(vec![member("a", None)]));
+    let (op, req) = op_request(&e).unwrap();
+    assert_eq!(req, Request::Release(LeaseId(1)));
+    assert!(m.is_stopped());
+    let e = m.on_op_reply(at(13), op, Reply::Failed("unreachable".into()));
+    assert_eq!(leave_done(&e), None);
+    let (op, req) = op_request(&m.on_tick(at(13) + LEAVE_RETRY)).unwrap();
+    assert_eq!(req, Request::Release(LeaseId(1)));
+    // Answered this time.
+    assert_eq!(
+        leave_done(&m.on_op_reply(at(300), op, Reply::Done)),
+        Some(LeaveOutcome::Left {
+            no_other_node: true,
+            released: true
+        })
+    );
+
+    let mut m = joined(three(), table());
+    let (op, _) = op_request(&m.begin_leave(at(10), Duration::from_secs(30))).unwrap();
+    let (op, _) = op_request(&m.on_op_reply(at(11), op, Reply::Done)).unwrap();
+    m.on_op_reply(at(12), op, Reply::Members(vec![member("a", None)]));
+    let mut now = 12;
+    let mut outcome = None;
+    while outcome.is_none() && now < 20_000 {
+        now = m.wake_at().unwrap().since_origin().as_millis() as u64;
+        outcome = leave_done(&m.on_tick(at(now)));
+    }
+    assert_eq!(
+        outcome,
+        Some(LeaveOutcome::Left {
+            no_other_node: true,
+            released: false
+        })
+    );
+    // A lease TTL (5 s) after the first release, give or take a retry.
+    assert!((5012..5012 + 1300).contains(&now), "{now}");
+    assert_eq!(m.wake_at(), None);
 }
 
 /// A fence while the leave waits for its moves ends the leave at once, as

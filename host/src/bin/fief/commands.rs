@@ -75,6 +75,11 @@ pub(crate) async fn leave(args: NodeUrl) -> anyhow::Result<()> {
     if report["no_other_node"] == true {
         println!("there was no other node to hand to: its keys stopped with their state");
     }
+    if report["released"] == false {
+        println!(
+            "the arbiter never confirmed the release: the lease is fenced and lapses at its TTL, when others take what it still held"
+        );
+    }
     let lost = report["lost_states"]
         .as_array()
         .cloned()
