@@ -13,7 +13,7 @@
 //!
 //! Must not: raise an option, or change one that is within its ceiling.
 
-use crate::config::{ByteSize, ModuleCeilings, ModuleOptions, NodeConfig};
+use crate::config::{ByteSize, ModuleOptions, NodeConfig, option_table};
 
 /// One option lowered to its ceiling.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,104 +34,30 @@ pub(crate) fn lower_to_ceilings(
     node: &NodeConfig,
     options: &ModuleOptions,
 ) -> (ModuleOptions, Vec<Lowered>) {
-    let mut lowered = Vec::new();
     let mut o = options.clone();
-    let c: &ModuleCeilings = &node.module_ceilings;
-    fn cap<T: PartialOrd + Copy + std::fmt::Debug>(
+    let mut lowered: Vec<Lowered> = option_table::lower_to_ceilings(&node.module_ceilings, &mut o)
+        .into_iter()
+        .map(|(option, value, ceiling)| Lowered {
+            option,
+            value,
+            ceiling,
+        })
+        .collect();
+    fn cap(
         lowered: &mut Vec<Lowered>,
         option: &'static str,
-        value: &mut T,
-        ceiling: T,
+        value: &mut ByteSize,
+        ceiling: ByteSize,
     ) {
         if *value > ceiling {
             lowered.push(Lowered {
                 option,
-                value: format!("{value:?}"),
-                ceiling: format!("{ceiling:?}"),
+                value: value.to_string(),
+                ceiling: ceiling.to_string(),
             });
             *value = ceiling;
         }
     }
-    cap(&mut lowered, "cpu_limit", &mut o.cpu_limit, c.cpu_limit);
-    cap(
-        &mut lowered,
-        "idle_timeout",
-        &mut o.idle_timeout,
-        c.idle_timeout,
-    );
-    cap(
-        &mut lowered,
-        "max_live_keys",
-        &mut o.max_live_keys,
-        c.max_live_keys,
-    );
-    cap(
-        &mut lowered,
-        "mailbox_depth",
-        &mut o.mailbox_depth,
-        c.mailbox_depth,
-    );
-    cap(
-        &mut lowered,
-        "max_timers_per_key",
-        &mut o.max_timers_per_key,
-        c.max_timers_per_key,
-    );
-    cap(
-        &mut lowered,
-        "max_subscriptions_per_key",
-        &mut o.max_subscriptions_per_key,
-        c.max_subscriptions_per_key,
-    );
-    cap(
-        &mut lowered,
-        "max_publishes_per_second",
-        &mut o.max_publishes_per_second,
-        c.max_publishes_per_second,
-    );
-    cap(
-        &mut lowered,
-        "max_host_bytes_per_key",
-        &mut o.max_host_bytes_per_key,
-        c.max_host_bytes_per_key,
-    );
-    cap(&mut lowered, "cpu_budget", &mut o.cpu_budget, c.cpu_budget);
-    cap(
-        &mut lowered,
-        "max_storage_value_size",
-        &mut o.max_storage_value_size,
-        c.max_storage_value_size,
-    );
-    cap(
-        &mut lowered,
-        "max_storage_bytes_per_key",
-        &mut o.max_storage_bytes_per_key,
-        c.max_storage_bytes_per_key,
-    );
-    cap(
-        &mut lowered,
-        "max_storage_writes_per_callback",
-        &mut o.max_storage_writes_per_callback,
-        c.max_storage_writes_per_callback,
-    );
-    cap(
-        &mut lowered,
-        "max_alarms_per_key",
-        &mut o.max_alarms_per_key,
-        c.max_alarms_per_key,
-    );
-    cap(
-        &mut lowered,
-        "max_connections_per_key",
-        &mut o.max_connections_per_key,
-        c.max_connections_per_key,
-    );
-    cap(
-        &mut lowered,
-        "max_frames_per_second",
-        &mut o.max_frames_per_second,
-        c.max_frames_per_second,
-    );
     cap(
         &mut lowered,
         "memory_limit",
@@ -186,8 +112,8 @@ mod tests {
             names,
             [
                 "cpu_limit",
-                "max_host_bytes_per_key",
                 "cpu_budget",
+                "max_host_bytes_per_key",
                 "memory_limit",
                 "max_reply_size"
             ]

@@ -42,7 +42,7 @@ async fn options_over_the_default_ceilings_are_refused_by_name() {
                 cpu_limit: Duration::from_secs(1_000_000_000 * 3600),
                 ..ModuleOptions::default()
             },
-            "cpu_limit (3600000000000s) is over this node's ceiling (10s)",
+            "cpu_limit (1000000000h) is over this node's ceiling (10s)",
         ),
         (
             ModuleOptions {
@@ -249,4 +249,45 @@ async fn a_stored_version_over_a_lowered_ceiling_loads_with_the_option_lowered()
         assert!(metrics.contains(&series), "{series} in:\n{metrics}");
     }
     assert!(!metrics.contains("option=\"max_timers_per_key\""));
+}
+
+/// `fief deploy --help` lists every module option with its meaning, default
+/// and bound, and `fief node --help` every ceiling with its default, both
+/// from the table the parsing and the ceiling checks read
+/// (`fief::config::option_table`): an option added there is listed, and the
+/// hand-written list it replaced (missing the storage, alarm and connection
+/// ceilings) cannot drift again.
+#[test]
+fn the_cli_help_lists_every_module_option_with_its_default_and_ceiling() {
+    use fief::config::option_table::{OPTIONS, options_help};
+    let help = |args: &[&str]| {
+        let out = fief_tests::fief_cli(args);
+        assert!(out.status.success(), "fief {args:?} failed");
+        String::from_utf8(out.stdout).expect("UTF-8 help")
+    };
+    let deploy = help(&["deploy", "--help"]);
+    assert!(deploy.contains(&options_help()), "{deploy}");
+    let defaults = ModuleOptions::default();
+    let ceilings = ModuleCeilings::default();
+    for o in OPTIONS {
+        assert!(
+            deploy.contains(&format!(
+                "default {}; {}",
+                o.value(&defaults),
+                o.bound_text(&ceilings)
+            )),
+            "{} is not listed with its default and bound:\n{deploy}",
+            o.name
+        );
+    }
+    assert!(deploy.contains("cpu_limit\n      CPU time one callback may use before the key is killed\n      default 100ms; node ceiling 10s"));
+    let node = help(&["node", "--help"]);
+    for o in OPTIONS.iter().filter(|o| o.ceiling().is_some()) {
+        assert!(
+            node.contains(&format!("  {} (default ", o.name)),
+            "ceiling {} is not listed:\n{node}",
+            o.name
+        );
+    }
+    assert!(node.contains("max_storage_bytes_per_key (default 1.0 GiB)"), "{node}");
 }

@@ -16,6 +16,7 @@ mod dir;
 pub(crate) mod http;
 mod module;
 mod names;
+pub mod option_table;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -91,52 +91,14 @@ impl Default for ModuleCeilings {
 }
 
 impl ModuleCeilings {
-    /// The names [`ModuleCeilings::set`] takes.
-    pub const NAMES: &'static str = "cpu_limit, idle_timeout, max_live_keys, mailbox_depth, \
-        max_timers_per_key, max_subscriptions_per_key, max_publishes_per_second, \
-        max_host_bytes_per_key, cpu_budget, max_storage_value_size, max_storage_bytes_per_key, \
-        max_storage_writes_per_callback, max_alarms_per_key, max_connections_per_key, \
-        max_frames_per_second";
-
-    /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`).
+    /// Set one ceiling from text (`--module-ceiling cpu_limit=5s`); the
+    /// names are those of [`super::option_table::OPTIONS`] with a ceiling.
     ///
     /// # Errors
     ///
     /// [`Error::Config`] for an unknown name or an unparsable value.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
-        let bad = |e: String| Error::Config(format!("module ceiling {name} = {value:?}: {e}"));
-        let duration = || humantime::parse_duration(value).map_err(|e| bad(e.to_string()));
-        let count = || value.parse::<u32>().map_err(|e| bad(e.to_string()));
-        match name {
-            "cpu_limit" => self.cpu_limit = duration()?,
-            "idle_timeout" => self.idle_timeout = duration()?,
-            "max_live_keys" => self.max_live_keys = count()?,
-            "mailbox_depth" => self.mailbox_depth = count()?,
-            "max_timers_per_key" => self.max_timers_per_key = count()?,
-            "max_subscriptions_per_key" => self.max_subscriptions_per_key = count()?,
-            "max_publishes_per_second" => self.max_publishes_per_second = count()?,
-            "max_host_bytes_per_key" => {
-                self.max_host_bytes_per_key = value.parse().map_err(|e: String| bad(e))?;
-            }
-            "cpu_budget" => self.cpu_budget = value.parse().map_err(bad)?,
-            "max_storage_value_size" => {
-                self.max_storage_value_size = value.parse().map_err(|e: String| bad(e))?;
-            }
-            "max_storage_bytes_per_key" => {
-                self.max_storage_bytes_per_key = value.parse().map_err(|e: String| bad(e))?;
-            }
-            "max_storage_writes_per_callback" => self.max_storage_writes_per_callback = count()?,
-            "max_alarms_per_key" => self.max_alarms_per_key = count()?,
-            "max_connections_per_key" => self.max_connections_per_key = count()?,
-            "max_frames_per_second" => self.max_frames_per_second = count()?,
-            other => {
-                return Err(Error::Config(format!(
-                    "unknown module ceiling {other:?}; known: {}",
-                    Self::NAMES
-                )));
-            }
-        }
-        Ok(())
+        super::option_table::set_ceiling(self, name, value)
     }
 
     /// Refuse `options` over a ceiling.
@@ -146,71 +108,14 @@ impl ModuleCeilings {
     /// [`Error::InvalidOptions`] naming the option, its value and the
     /// ceiling.
     pub fn check(&self, o: &ModuleOptions) -> Result<()> {
-        fn over<T: PartialOrd + std::fmt::Debug>(name: &str, value: T, ceiling: T) -> Result<()> {
-            if value > ceiling {
-                return Err(Error::InvalidOptions(format!(
-                    "{name} ({value:?}) is over this node's ceiling ({ceiling:?}); ask for at \
-                     most {ceiling:?}, or have the operator raise module_ceilings.{name} \
-                     (--module-ceiling {name}=VALUE)"
-                )));
-            }
-            Ok(())
+        match super::option_table::first_over(self, o) {
+            None => Ok(()),
+            Some((name, value, ceiling)) => Err(Error::InvalidOptions(format!(
+                "{name} ({value}) is over this node's ceiling ({ceiling}); ask for at most \
+                 {ceiling}, or have the operator raise module_ceilings.{name} \
+                 (--module-ceiling {name}=VALUE)"
+            ))),
         }
-        over("cpu_limit", o.cpu_limit, self.cpu_limit)?;
-        over("idle_timeout", o.idle_timeout, self.idle_timeout)?;
-        over("max_live_keys", o.max_live_keys, self.max_live_keys)?;
-        over("mailbox_depth", o.mailbox_depth, self.mailbox_depth)?;
-        over(
-            "max_timers_per_key",
-            o.max_timers_per_key,
-            self.max_timers_per_key,
-        )?;
-        over(
-            "max_subscriptions_per_key",
-            o.max_subscriptions_per_key,
-            self.max_subscriptions_per_key,
-        )?;
-        over(
-            "max_publishes_per_second",
-            o.max_publishes_per_second,
-            self.max_publishes_per_second,
-        )?;
-        over(
-            "max_host_bytes_per_key",
-            o.max_host_bytes_per_key,
-            self.max_host_bytes_per_key,
-        )?;
-        over(
-            "max_storage_value_size",
-            o.max_storage_value_size,
-            self.max_storage_value_size,
-        )?;
-        over(
-            "max_storage_bytes_per_key",
-            o.max_storage_bytes_per_key,
-            self.max_storage_bytes_per_key,
-        )?;
-        over(
-            "max_storage_writes_per_callback",
-            o.max_storage_writes_per_callback,
-            self.max_storage_writes_per_callback,
-        )?;
-        over(
-            "max_alarms_per_key",
-            o.max_alarms_per_key,
-            self.max_alarms_per_key,
-        )?;
-        over(
-            "max_connections_per_key",
-            o.max_connections_per_key,
-            self.max_connections_per_key,
-        )?;
-        over(
-            "max_frames_per_second",
-            o.max_frames_per_second,
-            self.max_frames_per_second,
-        )?;
-        over("cpu_budget", o.cpu_budget, self.cpu_budget)
     }
 }
 
@@ -453,74 +358,14 @@ impl ModuleOptions {
         Ok(options)
     }
 
-    /// Set one option from its string form.
+    /// Set one option from its string form (the table of options:
+    /// [`super::option_table::OPTIONS`]).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidOptions`] for an unknown option or an unparsable value.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
-        let duration = |v: &str| {
-            humantime::parse_duration(v).map_err(|e| {
-                Error::InvalidOptions(format!(
-                    "{name} = {v:?}: {e} (write durations like 100ms or 5s)"
-                ))
-            })
-        };
-        let size = |v: &str| {
-            v.parse::<ByteSize>().map_err(|e| {
-                Error::InvalidOptions(format!(
-                    "{name} = {v:?}: {e} (write sizes like 64MiB or 65536)"
-                ))
-            })
-        };
-        let count = |v: &str| {
-            v.parse::<u32>().map_err(|e| {
-                Error::InvalidOptions(format!("{name} = {v:?}: {e} (expected a whole number)"))
-            })
-        };
-        match name {
-            "on_fence" => {
-                self.on_fence = value
-                    .parse()
-                    .map_err(|e: String| Error::InvalidOptions(e))?
-            }
-            "handle_fence_deadline" => self.handle_fence_deadline = duration(value)?,
-            "memory_limit" => self.memory_limit = size(value)?,
-            "cpu_limit" => self.cpu_limit = duration(value)?,
-            "max_live_keys" => self.max_live_keys = count(value)?,
-            "idle_timeout" => self.idle_timeout = duration(value)?,
-            "mailbox_depth" => self.mailbox_depth = count(value)?,
-            "max_timers_per_key" => self.max_timers_per_key = count(value)?,
-            "max_subscriptions_per_key" => self.max_subscriptions_per_key = count(value)?,
-            "max_message_size" => self.max_message_size = Some(size(value)?),
-            "max_reply_size" => self.max_reply_size = Some(size(value)?),
-            "max_handoff_size" => self.max_handoff_size = Some(size(value)?),
-            "max_publishes_per_second" => self.max_publishes_per_second = count(value)?,
-            "max_host_bytes_per_key" => self.max_host_bytes_per_key = size(value)?,
-            "max_log_lines_per_second" => self.max_log_lines_per_second = count(value)?,
-            "max_log_bytes_per_second" => self.max_log_bytes_per_second = size(value)?,
-            "dir" => self.dir = Some(value.parse().map_err(Error::InvalidOptions)?),
-            "cpu_budget" => {
-                self.cpu_budget = value
-                    .parse()
-                    .map_err(|e| Error::InvalidOptions(format!("{name}: {e}")))?
-            }
-            "cpu_budget_window" => self.cpu_budget_window = duration(value)?,
-            "max_storage_value_size" => self.max_storage_value_size = size(value)?,
-            "max_storage_bytes_per_key" => self.max_storage_bytes_per_key = size(value)?,
-            "max_storage_writes_per_callback" => {
-                self.max_storage_writes_per_callback = count(value)?
-            }
-            "max_alarms_per_key" => self.max_alarms_per_key = count(value)?,
-            "max_connections_per_key" => self.max_connections_per_key = count(value)?,
-            "max_frames_per_second" => self.max_frames_per_second = count(value)?,
-            other => {
-                return Err(Error::InvalidOptions(format!(
-                    "unknown option {other:?}; known options: on_fence, handle_fence_deadline, memory_limit, cpu_limit, max_live_keys, idle_timeout, mailbox_depth, max_timers_per_key, max_subscriptions_per_key, max_message_size, max_reply_size, max_handoff_size, max_publishes_per_second, max_host_bytes_per_key, max_log_lines_per_second, max_log_bytes_per_second, dir, cpu_budget, cpu_budget_window, max_storage_value_size, max_storage_bytes_per_key, max_storage_writes_per_callback, max_alarms_per_key, max_connections_per_key, max_frames_per_second"
-                )));
-            }
-        }
-        Ok(())
+        super::option_table::set_option(self, name, value)
     }
 }
 

@@ -24,13 +24,15 @@ const CHUNK: usize = 256 * 1024;
 
 /// `fief deploy`.
 #[derive(Args)]
+#[command(after_help = fief::config::option_table::options_help())]
 pub(crate) struct DeployArgs {
     /// The component to deploy.
     pub(crate) file: PathBuf,
     /// The module name.
     #[arg(long)]
     pub(crate) module: String,
-    /// Module options as `name=value` (repeatable), e.g. `memory_limit=32MiB`.
+    /// Module options as `name=value` (repeatable), e.g. `memory_limit=32MiB`;
+    /// every option, its default and its bound are listed below.
     #[arg(long = "option", short = 'o', value_name = "NAME=VALUE")]
     pub(crate) options: Vec<String>,
     /// The node's HTTP address.

@@ -26,6 +26,7 @@ pub(crate) enum LogFormat {
 }
 
 #[derive(Args)]
+#[command(after_help = fief::config::option_table::ceilings_help())]
 pub(crate) struct NodeArgs {
     /// Log format: `text` or `json`. The level comes from `RUST_LOG`
     /// (default `info`), e.g. `RUST_LOG=fief=debug`.
@@ -129,11 +130,8 @@ pub(crate) struct NodeArgs {
     pub(crate) guest_thread_nice: Option<u8>,
     /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
     /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
-    /// asking for more is refused. Names: cpu_limit (default 10s),
-    /// idle_timeout (24h), max_live_keys (1000000), mailbox_depth (65536),
-    /// max_timers_per_key (65536), max_subscriptions_per_key (4096),
-    /// max_publishes_per_second (100000), max_host_bytes_per_key (1GiB),
-    /// cpu_budget (1000m, a whole core).
+    /// asking for more is refused. Every ceiling and its default is listed
+    /// below.
     #[arg(
         long = "module-ceiling",
         env = "FIEF_MODULE_CEILINGS",
