@@ -285,3 +285,61 @@ fn guest_output_goes_to_the_node_log_tagged_with_its_key() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The client crate (`fief-client`, which the CLI uses) against a real node
+/// over a real socket: deploy, call, cast, state, status, kill, metrics,
+/// the cache's compare-and-set, and the API's refusals as typed errors.
+#[tokio::test]
+async fn the_client_crate_drives_a_real_node_with_typed_errors() {
+    use fief_client::{CacheExpect, Client, Error};
+    let node = Arc::new(node_with(&[]).await);
+    let server = HttpServer::start(node.clone()).await;
+    let client = Client::new(&server.base).unwrap();
+    let deployed = client
+        .deploy(
+            "counter",
+            guests::bytes(guests::COUNTER),
+            &[("cpu_limit", "200ms")],
+        )
+        .await
+        .unwrap();
+    assert_eq!((deployed.name.as_str(), deployed.version), ("counter", 1));
+    assert_eq!(client.call("counter", "alice", "incr").await.unwrap(), b"1");
+    // The counter counts its ticks: a cast starts them.
+    client.cast("counter", "alice", "tick-every 10").await.unwrap();
+    eventually_async(Duration::from_secs(10), "the cast was handled", || async {
+        client.call("counter", "alice", "get").await.ok() != Some(b"1".to_vec())
+    })
+    .await;
+    assert_eq!(client.status().await.unwrap()["modules"][0]["name"], "counter");
+    assert!(client.metrics().await.unwrap().contains("fief_"));
+    assert!(client.kill("counter", "alice").await.unwrap());
+
+    let v1 = client
+        .cache_put("c", "k", "one", None, CacheExpect::Absent)
+        .await
+        .unwrap();
+    let stale = client
+        .cache_put("c", "k", "two", None, CacheExpect::Version(v1 + 7))
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), Some("version_conflict"), "{stale}");
+    let entry = client.cache_get("c", "k").await.unwrap().unwrap();
+    assert_eq!((entry.value.as_slice(), entry.version), (&b"one"[..], v1));
+    assert!(client.cache_delete("c", "k", CacheExpect::Version(v1)).await.unwrap());
+    assert_eq!(client.cache_get("c", "k").await.unwrap(), None);
+
+    let unknown = client.call("nope", "alice", "incr").await.unwrap_err();
+    match &unknown {
+        Error::Api(e) => {
+            assert_eq!((e.status, e.code.as_str()), (404, "unknown_module"));
+            assert!(!e.is_refusal());
+        }
+        other => panic!("expected the API's error, got {other:?}"),
+    }
+    let bad = client
+        .deploy("counter", guests::bytes(guests::COUNTER), &[("cpu_limit", "forever")])
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Some("invalid_options"), "{bad}");
+}

@@ -6,7 +6,9 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::{Args, Subcommand};
 
-use crate::client::{api_error, api_url, client, connect_error, send};
+use fief_client::CacheExpect;
+
+use crate::client::node;
 
 #[derive(Subcommand)]
 pub(crate) enum CacheCommand {
@@ -61,54 +63,37 @@ pub(crate) struct CacheExpectArgs {
 }
 
 impl CacheExpectArgs {
-    fn apply(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    fn expect(&self) -> CacheExpect {
         match (self.if_version, self.if_absent) {
-            (Some(version), _) => request.header("if-match", format!("\"{version}\"")),
-            (None, true) => request.header("if-none-match", "*"),
-            (None, false) => request,
+            (Some(version), _) => CacheExpect::Version(version),
+            (None, true) => CacheExpect::Absent,
+            (None, false) => CacheExpect::Any,
         }
     }
 }
 
 pub(crate) async fn cache(command: CacheCommand) -> anyhow::Result<()> {
-    let entry_url = |entry: &CacheEntryArgs| {
-        api_url(&entry.node, &["v1", "cache", &entry.namespace, &entry.key])
-    };
     match command {
         CacheCommand::Get { entry, verbose } => {
-            let url = entry_url(&entry)?;
-            let response = client()
-                .get(url)
-                .send()
-                .await
-                .map_err(connect_error(&entry.node))?;
-            if response.status() == reqwest::StatusCode::NOT_FOUND {
+            let client = node(&entry.node)?;
+            let Some(found) = client.cache_get(&entry.namespace, &entry.key).await? else {
                 bail!(
                     "no entry for key {:?} in cache namespace {:?}",
                     entry.key,
                     entry.namespace
                 );
-            }
-            if !response.status().is_success() {
-                return Err(api_error(response).await);
-            }
-            let header = |name: &str| {
-                response
-                    .headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(|v| v.trim_matches('"').to_owned())
             };
-            let (version, left) = (header("etag"), header("x-fief-expires-in-ms"));
             if verbose {
                 eprintln!(
                     "version {}{}",
-                    version.as_deref().unwrap_or("?"),
-                    left.map(|ms| format!(", expires in {ms} ms"))
+                    found.version,
+                    found
+                        .expires_in_ms
+                        .map(|ms| format!(", expires in {ms} ms"))
                         .unwrap_or_default()
                 );
             }
-            println!("{}", String::from_utf8_lossy(&response.bytes().await?));
+            println!("{}", String::from_utf8_lossy(&found.value));
         }
         CacheCommand::Put {
             entry,
@@ -116,20 +101,16 @@ pub(crate) async fn cache(command: CacheCommand) -> anyhow::Result<()> {
             ttl,
             expect,
         } => {
-            let mut request = client().put(entry_url(&entry)?).body(value);
-            if let Some(ttl) = ttl {
-                request = request.query(&[("ttl", humantime::format_duration(ttl).to_string())]);
-            }
-            let reply: serde_json::Value = send(&entry.node, expect.apply(request))
-                .await?
-                .json()
+            let version = node(&entry.node)?
+                .cache_put(&entry.namespace, &entry.key, value, ttl, expect.expect())
                 .await?;
-            println!("version {}", reply["version"]);
+            println!("version {version}");
         }
         CacheCommand::Delete { entry, expect } => {
-            let request = expect.apply(client().delete(entry_url(&entry)?));
-            let reply: serde_json::Value = send(&entry.node, request).await?.json().await?;
-            if reply["deleted"].as_bool() == Some(true) {
+            let deleted = node(&entry.node)?
+                .cache_delete(&entry.namespace, &entry.key, expect.expect())
+                .await?;
+            if deleted {
                 println!("deleted");
             } else {
                 println!("there was no entry");

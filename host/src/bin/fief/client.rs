@@ -1,89 +1,62 @@
-//! The HTTP client every client command uses (built once from `--token`
-//! and `--ca-cert`), the URLs it calls, and how a failure becomes one line:
-//! a node that cannot be reached, or the API's error message and status.
+//! How client commands reach a node: a [`fief_client::Client`] for the
+//! `--node` each command names, built with the global `--token` and
+//! `--ca-cert` (read once by `run`). The API's operations, errors and
+//! retries are the client crate's; this module only holds the settings.
 
 use anyhow::Context;
 
-/// Turn an API error response into a one-line error.
-pub(crate) async fn api_error(response: reqwest::Response) -> anyhow::Error {
-    let status = response.status();
-    let text = response.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or(text);
-    anyhow::anyhow!("{message} (HTTP {status})")
+/// The settings every client command's [`node`] uses.
+struct Settings {
+    token: Option<String>,
+    ca_pem: Option<Vec<u8>>,
 }
 
-/// The client every command uses, built once by `run` from `--token` and
-/// `--ca-cert`.
-pub(crate) static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
 
-pub(crate) fn client() -> reqwest::Client {
-    CLIENT.get().cloned().unwrap_or_default()
-}
-
-/// An HTTP client that sends `token` (marked sensitive, so never logged)
-/// and trusts `ca_cert` besides the system's roots.
-pub(crate) fn build_client(
+/// Keep `--token` and `--ca-cert` (read now, so a bad file fails before any
+/// request) for the commands' clients.
+pub(crate) fn configure(
     token: Option<&str>,
     ca_cert: Option<&std::path::Path>,
-) -> anyhow::Result<reqwest::Client> {
-    let mut builder = reqwest::Client::builder();
-    if let Some(token) = token.map(str::trim).filter(|t| !t.is_empty()) {
-        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| anyhow::anyhow!("--token / FIEF_TOKEN must be printable ASCII"))?;
-        value.set_sensitive(true);
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(reqwest::header::AUTHORIZATION, value);
-        builder = builder.default_headers(headers);
+) -> anyhow::Result<()> {
+    let ca_pem = ca_cert
+        .map(|path| {
+            std::fs::read(path)
+                .with_context(|| format!("reading the CA certificate {}", path.display()))
+        })
+        .transpose()?;
+    let settings = Settings {
+        token: token.map(str::to_owned),
+        ca_pem,
+    };
+    // A check now, so a bad token or CA is refused before the command runs.
+    build("http://127.0.0.1", &settings)?;
+    SETTINGS
+        .set(settings)
+        .map_err(|_| anyhow::anyhow!("the client settings were set twice"))
+}
+
+fn build(node: &str, settings: &Settings) -> anyhow::Result<fief_client::Client> {
+    let mut builder = fief_client::Client::builder(node);
+    if let Some(token) = &settings.token {
+        builder = builder.token(token.clone());
     }
-    if let Some(path) = ca_cert {
-        let pem = std::fs::read(path)
-            .with_context(|| format!("reading the CA certificate {}", path.display()))?;
-        for cert in reqwest::Certificate::from_pem_bundle(&pem)
-            .with_context(|| format!("{} is not a PEM certificate", path.display()))?
-        {
-            builder = builder.add_root_certificate(cert);
+    if let Some(pem) = &settings.ca_pem {
+        builder = builder.ca_cert_pem(pem.clone());
+    }
+    builder.build().map_err(|e| match e {
+        fief_client::Error::InvalidInput(why) if why.contains("token") => {
+            anyhow::anyhow!("--token / FIEF_TOKEN must be printable ASCII")
         }
-    }
-    builder.build().context("building the HTTP client")
+        e => e.into(),
+    })
 }
 
-pub(crate) fn connect_error(node: &str) -> impl FnOnce(reqwest::Error) -> anyhow::Error + '_ {
-    move |e| {
-        anyhow::anyhow!(
-            "cannot reach the node at {node}: {e} (is `fief node` running? pass --node URL)"
-        )
-    }
-}
-
-/// `node`'s URL with `segments` appended, each percent-encoded.
-pub(crate) fn api_url(node: &str, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
-    let mut url =
-        reqwest::Url::parse(node).with_context(|| format!("--node {node:?} is not a URL"))?;
-    url.path_segments_mut()
-        .map_err(|()| anyhow::anyhow!("--node {node:?} cannot take a path"))?
-        .pop_if_empty()
-        .extend(segments);
-    Ok(url)
-}
-
-/// Send `request` to the node at `node`; a connection failure or an API
-/// error becomes a one-line error.
-pub(crate) async fn send(
-    node: &str,
-    request: reqwest::RequestBuilder,
-) -> anyhow::Result<reqwest::Response> {
-    let response = request.send().await.map_err(connect_error(node))?;
-    if !response.status().is_success() {
-        return Err(api_error(response).await);
-    }
-    Ok(response)
-}
-
-/// `GET {node}{path}` as JSON.
-pub(crate) async fn get_json(node: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let url = format!("{}{path}", node.trim_end_matches('/'));
-    Ok(send(node, client().get(&url)).await?.json().await?)
+/// The client of the node at `node` (`--node`).
+pub(crate) fn node(node: &str) -> anyhow::Result<fief_client::Client> {
+    let settings = SETTINGS.get_or_init(|| Settings {
+        token: None,
+        ca_pem: None,
+    });
+    build(node, settings)
 }

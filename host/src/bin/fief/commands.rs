@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use crate::client::{api_url, client, get_json, send};
+use crate::client::node;
 
 #[derive(Args)]
 pub(crate) struct KeyArgs {
@@ -36,17 +36,18 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) async fn call(args: KeyArgs, verb: &str) -> anyhow::Result<()> {
-    let url = api_url(&args.node, &["v1", "keys", &args.module, &args.key, verb])?;
-    let response = send(&args.node, client().post(url).body(args.message)).await?;
+    let client = node(&args.node)?;
     if verb == "call" {
-        let reply = response.bytes().await?;
+        let reply = client.call(&args.module, &args.key, args.message).await?;
         println!("{}", String::from_utf8_lossy(&reply));
+    } else {
+        client.cast(&args.module, &args.key, args.message).await?;
     }
     Ok(())
 }
 
 pub(crate) async fn limbo(args: StatusArgs) -> anyhow::Result<()> {
-    let entries = get_json(&args.node, "/v1/limbo").await?;
+    let entries = node(&args.node)?.limbo().await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&entries)?);
         return Ok(());
@@ -69,21 +70,17 @@ pub(crate) async fn limbo(args: StatusArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn leave(args: NodeUrl) -> anyhow::Result<()> {
-    let url = format!("{}/v1/leave", args.node.trim_end_matches('/'));
-    let report: serde_json::Value = send(&args.node, client().post(&url)).await?.json().await?;
+    let report = node(&args.node)?.leave().await?;
     println!("the node left the cluster and is stopping");
-    if report["no_other_node"] == true {
+    if report.no_other_node {
         println!("there was no other node to hand to: its keys stopped with their state");
     }
-    if report["released"] == false {
+    if !report.released {
         println!(
             "the arbiter never confirmed the release: the lease is fenced and lapses at its TTL, when others take what it still held"
         );
     }
-    let lost = report["lost_states"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let lost = report.lost_states;
     if !lost.is_empty() {
         println!("{} key(s) left without their handoff state:", lost.len());
         for l in &lost {

@@ -20,7 +20,6 @@ mod status;
 mod token;
 
 use cache::CacheCommand;
-use client::{CLIENT, build_client};
 use commands::{KeyArgs, NodeUrl, StatusArgs};
 use modules::DeployArgs;
 use node::{LogFormat, NodeArgs};
@@ -136,9 +135,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    CLIENT
-        .set(build_client(cli.token.as_deref(), cli.ca_cert.as_deref())?)
-        .map_err(|_| anyhow::anyhow!("the HTTP client was built twice"))?;
+    client::configure(cli.token.as_deref(), cli.ca_cert.as_deref())?;
     match cli.command {
         Command::Node(args) => node::node(*args).await,
         Command::Deploy(args) => modules::deploy(args).await,

@@ -14,13 +14,10 @@ use clap::Args;
 
 use std::path::PathBuf;
 
-use crate::client::{api_url, client, send};
+use crate::client::node;
 
 /// How long `deploy` waits for every node to load the new version.
 const LOAD_WAIT: Duration = Duration::from_secs(60);
-
-/// Upload chunk size: the unit of upload progress.
-const CHUNK: usize = 256 * 1024;
 
 /// `fief deploy`.
 #[derive(Args)]
@@ -127,33 +124,27 @@ pub(crate) async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
     // Refuse malformed options before uploading (the node checks them again,
     // with its own limits).
     fief::ModuleOptions::from_pairs(query.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-    let url = api_url(&args.node, &["v1", "modules", &args.module])?;
+    let client = node(&args.node)?;
     let progress = Progress::new();
     let total = wasm.len() as u64;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-    let chunks: Vec<bytes::Bytes> = bytes::Bytes::from(wasm)
-        .chunks(CHUNK)
-        .map(bytes::Bytes::copy_from_slice)
-        .collect();
-    let stream = futures_util::stream::iter(chunks.into_iter().map(move |chunk| {
-        let _ = tx.send(chunk.len() as u64);
-        Ok::<_, std::io::Error>(chunk)
-    }));
-    let request = client()
-        .put(url)
-        .query(&query)
-        .header(reqwest::header::CONTENT_LENGTH, total)
-        .body(reqwest::Body::wrap_stream(stream));
     let sending = tokio::spawn({
-        let node = args.node.clone();
-        async move { send(&node, request).await }
+        let module = args.module.clone();
+        let client = client.clone();
+        async move {
+            let options: Vec<(&str, &str)> =
+                query.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            client
+                .deploy_with_progress(&module, wasm, &options, move |sent, _| {
+                    let _ = tx.send(sent);
+                })
+                .await
+        }
     });
     let name = args.file.display().to_string();
-    let mut sent = 0u64;
     let mut quarter = 0;
     progress.update(&format!("uploading {name}: 0 of {}", mib(total)));
-    while let Some(n) = rx.recv().await {
-        sent += n;
+    while let Some(sent) = rx.recv().await {
         let reached = (sent * 4).checked_div(total).unwrap_or(4);
         if progress.tty || reached > quarter {
             quarter = reached;
@@ -164,30 +155,29 @@ pub(crate) async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
                 (sent * 100).checked_div(total).unwrap_or(100)
             ));
         }
+        if sent >= total {
+            break;
+        }
     }
     progress.done(&format!("uploaded {} to {}", mib(total), args.node));
     progress.update("validating and compiling on the node…");
-    let info: serde_json::Value = sending
-        .await
-        .context("the upload task failed")??
-        .json()
-        .await?;
-    let version = info["version"].as_u64().unwrap_or_default();
-    let how = if info["compile_cached"].as_bool() == Some(true) {
+    let info = sending.await.context("the upload task failed")??;
+    let version = info.version;
+    let how = if info.compile_cached {
         "loaded from the compile cache"
     } else {
         "compiled"
     };
     progress.done(&format!(
         "validated and {how} in {} ms; stored as version {version}",
-        info["compile_ms"]
+        info.compile_ms
     ));
     // The deployed name as the node reports it (a tenant's node may qualify
     // it); the listing is asked for under the name the user gave.
-    let loaded = wait_loaded(&args.node, &args.module, version, &progress).await;
+    let loaded = wait_loaded(&client, &args.module, version, &progress).await;
     println!(
         "deployed {} version {version} ({how} in {} ms){loaded}",
-        args.module, info["compile_ms"]
+        args.module, info.compile_ms
     );
     Ok(())
 }
@@ -195,18 +185,16 @@ pub(crate) async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
 /// Poll the module's listing until every live node has loaded `version` (at
 /// most [`LOAD_WAIT`]), reporting "loaded on N/M nodes" as it changes.
 /// Returns a note for the result line.
-async fn wait_loaded(node: &str, module: &str, version: u64, progress: &Progress) -> String {
-    let Ok(url) = api_url(node, &["v1", "modules", module]) else {
-        return String::new();
-    };
+async fn wait_loaded(
+    client: &fief_client::Client,
+    module: &str,
+    version: u64,
+    progress: &Progress,
+) -> String {
     let started = Instant::now();
     let mut last = None;
     loop {
-        let listing: Option<serde_json::Value> = match send(node, client().get(url.clone())).await {
-            Ok(response) => response.json().await.ok(),
-            Err(_) => None,
-        };
-        let Some(listing) = listing else {
+        let Ok(listing) = client.module(module).await else {
             progress.done("cannot read the module's listing to follow its loading");
             return String::new();
         };
@@ -235,8 +223,7 @@ async fn wait_loaded(node: &str, module: &str, version: u64, progress: &Progress
 
 /// `fief modules`.
 pub(crate) async fn modules(args: ModulesArgs) -> anyhow::Result<()> {
-    let url = api_url(&args.node, &["v1", "modules"])?;
-    let listing: serde_json::Value = send(&args.node, client().get(url)).await?.json().await?;
+    let listing = node(&args.node)?.modules().await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing)?);
         return Ok(());
@@ -296,10 +283,9 @@ pub(crate) async fn modules(args: ModulesArgs) -> anyhow::Result<()> {
 
 /// `fief rollback MODULE VERSION`.
 pub(crate) async fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
-    let mut url = api_url(&args.node, &["v1", "modules", &args.module, "rollback"])?;
-    url.query_pairs_mut()
-        .append_pair("version", &args.version.to_string());
-    send(&args.node, client().post(url)).await?;
+    node(&args.node)?
+        .rollback(&args.module, args.version)
+        .await?;
     println!(
         "{} is at version {} for new activations; live keys finish on theirs",
         args.module, args.version
@@ -309,8 +295,7 @@ pub(crate) async fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
 
 /// `fief undeploy MODULE`.
 pub(crate) async fn undeploy(args: UndeployArgs) -> anyhow::Result<()> {
-    let url = api_url(&args.node, &["v1", "modules", &args.module])?;
-    send(&args.node, client().delete(url)).await?;
+    node(&args.node)?.undeploy(&args.module).await?;
     println!(
         "undeployed {}: its keys are stopped on every node",
         args.module

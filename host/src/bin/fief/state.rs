@@ -5,7 +5,7 @@
 use anyhow::bail;
 use clap::{Args, Subcommand};
 
-use crate::client::{api_url, client, send};
+use crate::client::node;
 
 #[derive(Subcommand)]
 pub(crate) enum StateCommand {
@@ -41,18 +41,22 @@ pub(crate) enum StateCommand {
 
 /// The entries the node answers for `module`/`key` under `prefix`.
 async fn read(
-    node: &str,
+    url: &str,
     module: &str,
     key: &str,
     prefix: &str,
     limit: u32,
-) -> anyhow::Result<Vec<fief::storage::StoredEntry>> {
-    let url = api_url(node, &["v1", "state", module, key])?;
-    let request = client()
-        .get(url)
-        .query(&[("prefix", prefix.to_owned()), ("limit", limit.to_string())]);
-    let mut reply: serde_json::Value = send(node, request).await?.json().await?;
-    Ok(serde_json::from_value(reply["entries"].take())?)
+) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let entries = node(url)?.state(module, key, prefix, limit).await?;
+    entries
+        .into_iter()
+        .map(|e| {
+            let bytes = e
+                .bytes()
+                .ok_or_else(|| anyhow::anyhow!("entry {:?} has no readable value", e.name))?;
+            Ok((e.name, bytes))
+        })
+        .collect()
 }
 
 fn text(value: &[u8]) -> String {
@@ -68,8 +72,8 @@ pub(crate) async fn state(command: StateCommand) -> anyhow::Result<()> {
             node,
         } => {
             let entries = read(&node, &module, &key, &name, 1).await?;
-            match entries.into_iter().find(|e| e.name == name) {
-                Some(entry) => println!("{}", text(&entry.value)),
+            match entries.into_iter().find(|(n, _)| *n == name) {
+                Some((_, value)) => println!("{}", text(&value)),
                 None => bail!("key {key:?} of module {module:?} stores nothing under {name:?}"),
             }
         }
@@ -80,8 +84,8 @@ pub(crate) async fn state(command: StateCommand) -> anyhow::Result<()> {
             limit,
             node,
         } => {
-            for entry in read(&node, &module, &key, &prefix, limit).await? {
-                println!("{}\t{}", entry.name, text(&entry.value));
+            for (name, value) in read(&node, &module, &key, &prefix, limit).await? {
+                println!("{name}\t{}", text(&value));
             }
         }
     }
@@ -106,13 +110,11 @@ pub(crate) struct AlarmsArgs {
 /// Print a key's alarms: `name<TAB>time (UTC)<TAB>due in / overdue by`,
 /// sorted by name.
 pub(crate) async fn alarms(args: AlarmsArgs) -> anyhow::Result<()> {
-    let url = api_url(&args.node, &["v1", "alarms", &args.module, &args.key])?;
-    let mut reply: serde_json::Value = send(&args.node, client().get(url)).await?.json().await?;
+    let alarms = node(&args.node)?.alarms(&args.module, &args.key).await?;
     if args.json {
-        println!("{reply}");
+        println!("{}", serde_json::json!({ "alarms": alarms }));
         return Ok(());
     }
-    let alarms: Vec<fief::StoredAlarmView> = serde_json::from_value(reply["alarms"].take())?;
     for alarm in alarms {
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(alarm.at_ms);
         let due = std::time::Duration::from_millis(alarm.due_in_ms.unsigned_abs());

@@ -69,8 +69,9 @@ pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<()> {
 /// The node's status with its limbo entries added as `limbo` (left out if
 /// the node would not list them).
 async fn fetch(node: &str) -> anyhow::Result<Value> {
-    let mut status = crate::client::get_json(node, "/v1/status").await?;
-    if let Ok(limbo) = crate::client::get_json(node, "/v1/limbo").await
+    let client = crate::client::node(node)?;
+    let mut status = client.status().await?;
+    if let Ok(limbo) = client.limbo().await
         && let Some(object) = status.as_object_mut()
     {
         object.insert("limbo".to_owned(), limbo);
