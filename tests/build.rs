@@ -30,6 +30,7 @@ const SCRIPT_GUESTS: &[&str] = &[
     "examples/counter-js",
     "examples/room-js",
     "examples/chat-js",
+    "examples/chat-py",
     "tests/polyglot/probe-py",
     "tests/polyglot/probe-js",
 ];

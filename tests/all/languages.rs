@@ -17,6 +17,9 @@
 //! - A restarted node with a compile cache serves Python keys without
 //!   recompiling (the `compile_cached` flag of the deploy).
 //!
+//! Their WebSocket connections (the chat room in each language) are tested
+//! in `languages_websockets.rs`.
+//!
 //! The Python and JavaScript components are built from source by
 //! `tests/build.rs` with `scripts/build-guest.sh`.
 //! `per_language_figures` (ignored) prints the figures of
@@ -39,7 +42,7 @@ use crate::fence_modes::{Lives, PATIENCE, in_limbo, local_ok, observed_node, ste
 /// three languages are compared, for all three): the default memory limit
 /// (64 MiB: plenty for an interpreter's snapshot), and a CPU limit per
 /// callback with room for an interpreter on a loaded test machine.
-fn script_options() -> ModuleOptions {
+pub(crate) fn script_options() -> ModuleOptions {
     ModuleOptions {
         cpu_limit: Duration::from_secs(5),
         ..ModuleOptions::default()
@@ -57,7 +60,7 @@ fn shared_compile_cache() -> std::path::PathBuf {
 /// A test node configuration with the [`shared_compile_cache`], whose calls
 /// wait long enough for a first activation of an interpreter on a loaded
 /// machine.
-fn script_config() -> NodeConfig {
+pub(crate) fn script_config() -> NodeConfig {
     NodeConfig {
         call_timeout: Duration::from_secs(30),
         compile_cache: Some(shared_compile_cache()),
@@ -979,290 +982,5 @@ async fn per_language_figures() {
             warm.as_secs_f64() * 1e6,
             per_key as f64 / (1024.0 * 1024.0),
         );
-    }
-}
-
-// ---------------------------------------------------------------------------
-// WebSocket connections: the chat room in JavaScript, and the default
-// ---------------------------------------------------------------------------
-
-/// WebSocket connections to Python and JavaScript keys (`connection-handler`,
-/// exported by every module `scripts/build-guest.sh` builds, as by every
-/// Rust module `export_key!` makes): `examples/chat-js` is the Rust
-/// `examples/chat` in JavaScript, talking to real WebSocket clients through
-/// the node's HTTP API exactly as the Rust room does; both keep their
-/// history alike, so a room survives its module's rewrite from one language
-/// to the other; and a key that does not handle connections (the Python and
-/// JavaScript counters) closes each as it opens, as a Rust one does.
-mod websockets {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use fief::{Instance, StopReason};
-    use fief_tests::ws::{self, Client};
-    use fief_tests::{HttpServer, call_text, eventually, eventually_async, guests, is_live};
-    use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::Message;
-    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-
-    use super::{script_config, script_options};
-
-    /// How long a client waits for one frame (a first activation of an
-    /// interpreter on a loaded machine included).
-    const PATIENCE: Duration = Duration::from_secs(30);
-
-    /// A node serving `modules` (name, component; the script options) over
-    /// its HTTP API.
-    async fn node(modules: &[(&str, &str)]) -> (Arc<Instance>, HttpServer) {
-        let mut builder = Instance::builder(script_config());
-        for (name, path) in modules {
-            builder = builder.module(name, guests::bytes(path), script_options());
-        }
-        let node = Arc::new(builder.start().await.expect("a node"));
-        let server = HttpServer::start(node.clone()).await;
-        (node, server)
-    }
-
-    async fn connect(server: &HttpServer, module: &str, key: &str) -> Client {
-        ws::connect(&server.base, module, key).await
-    }
-
-    async fn next_text(client: &mut Client) -> String {
-        ws::next_text(client, PATIENCE).await
-    }
-
-    async fn next_close(client: &mut Client) -> Option<CloseFrame> {
-        ws::next_close(client, PATIENCE).await
-    }
-
-    /// Wait until room `key` of `module` says it has `n` connections.
-    async fn connections_become(node: &Instance, module: &str, key: &str, n: usize) {
-        eventually_async(
-            PATIENCE,
-            &format!("{module}/{key} has {n} connections"),
-            || async { call_text(node, module, key, "connections").await == n.to_string() },
-        )
-        .await;
-    }
-
-    /// Drive room `lobby` of a chat module through real WebSocket clients and
-    /// calls, and return what every step answered, so the Rust and
-    /// JavaScript rooms can be compared.
-    async fn chat_transcript(node: &Instance, server: &HttpServer, module: &str) -> Vec<String> {
-        let mut steps = Vec::new();
-        let mut step = |what: &str, answer: String| steps.push(format!("{what} => {answer}"));
-        let mut ann = connect(server, module, "lobby").await;
-        let mut bob = connect(server, module, "lobby").await;
-        connections_become(node, module, "lobby", 2).await;
-        step(
-            "connections",
-            call_text(node, module, "lobby", "connections").await,
-        );
-
-        // A client's frame reaches every connection, the sender's included.
-        ann.send(Message::text("hello from ann")).await.unwrap();
-        step("ann hears", next_text(&mut ann).await);
-        step("bob hears", next_text(&mut bob).await);
-        bob.send(Message::text("hi from bob")).await.unwrap();
-        step("ann hears", next_text(&mut ann).await);
-        step("bob hears", next_text(&mut bob).await);
-        // A call's message too; the reply counts the connections.
-        step(
-            "say",
-            call_text(node, module, "lobby", "say from http").await,
-        );
-        step("ann hears", next_text(&mut ann).await);
-        step("bob hears", next_text(&mut bob).await);
-
-        // A newcomer gets the history first, in order.
-        let mut cid = connect(server, module, "lobby").await;
-        for _ in 0..3 {
-            step("cid catches up", next_text(&mut cid).await);
-        }
-        step(
-            "connections",
-            call_text(node, module, "lobby", "connections").await,
-        );
-        step("history", call_text(node, module, "lobby", "history").await);
-
-        // A binary frame closes its connection; the others stay.
-        cid.send(Message::binary(vec![1, 2, 3])).await.unwrap();
-        let close = next_close(&mut cid).await.expect("a close frame");
-        step(
-            "cid closed",
-            format!("{} {}", u16::from(close.code), close.reason),
-        );
-        connections_become(node, module, "lobby", 2).await;
-        // A client that closes is detached.
-        ann.close(None).await.unwrap();
-        connections_become(node, module, "lobby", 1).await;
-        step("say", call_text(node, module, "lobby", "say bye").await);
-        step("bob hears", next_text(&mut bob).await);
-        drop(bob);
-
-        // A bad call is refused with the same text.
-        let refused = node
-            .call(module, "lobby", b"bogus".to_vec())
-            .await
-            .expect_err("bogus is refused");
-        step("bogus", refused.to_string());
-        // The room keeps its last 100 messages.
-        for i in 0..100 {
-            call_text(node, module, "hall", &format!("say m{i}")).await;
-        }
-        let history = call_text(node, module, "hall", "history").await;
-        step("hall keeps", history.lines().count().to_string());
-        step(
-            "say m100, to no connection",
-            call_text(node, module, "hall", "say m100").await,
-        );
-        let history = call_text(node, module, "hall", "history").await;
-        step(
-            "hall keeps",
-            format!(
-                "{} from {}",
-                history.lines().count(),
-                history.lines().next().unwrap_or_default()
-            ),
-        );
-        steps
-    }
-
-    /// Issue 21 (connections in every SDK): clients connected to a room of
-    /// `chat-js` talk through it as through the Rust `chat` on the same node
-    /// and HTTP API: every frame reaches every connection, a call's message
-    /// too, a newcomer gets the history first, `connections` and `history`
-    /// answer alike, a binary frame closes its connection with 4000, and
-    /// the last 100 messages are kept. The two transcripts are equal, step
-    /// for step.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn the_javascript_chat_room_talks_like_the_rust_one() {
-        let (node, server) = node(&[("chat", guests::CHAT), ("chat-js", guests::CHAT_JS)]).await;
-        let rust = chat_transcript(&node, &server, "chat").await;
-        let answers: Vec<&str> = rust
-            .iter()
-            .map(|step| step.split_once(" => ").unwrap().1)
-            .collect();
-        assert_eq!(
-            &answers[..14],
-            [
-                "2",
-                "hello from ann",
-                "hello from ann",
-                "hi from bob",
-                "hi from bob",
-                "2",
-                "from http",
-                "from http",
-                "hello from ann",
-                "hi from bob",
-                "from http",
-                "3",
-                "hello from ann\nhi from bob\nfrom http",
-                "4000 chat: text frames only",
-            ],
-            "{rust:#?}"
-        );
-        assert_eq!(&answers[14..16], ["1", "bye"], "{rust:#?}");
-        assert!(
-            answers[16]
-                .contains("unknown message: bogus; expected history, connections, say <text>"),
-            "{rust:#?}"
-        );
-        assert_eq!(&answers[17..], ["100", "0", "100 from m1"], "{rust:#?}");
-
-        let javascript = chat_transcript(&node, &server, "chat-js").await;
-        assert_eq!(javascript, rust, "chat-js answers like the Rust chat");
-        eventually(PATIENCE, "every socket closed", || {
-            node.status().sockets == 0
-        })
-        .await;
-    }
-
-    /// The JavaScript room keeps its history under the same storage entry,
-    /// in the same JSON, as the Rust one: a module `rooms` deployed as the
-    /// Rust `chat`, then redeployed as `chat-js`, then as `chat` again, keeps
-    /// its room's history through both rewrites, and a client connected all
-    /// along stays attached to the room (the connection is the node's, not
-    /// a process's) and hears the processes of both languages.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_chat_room_keeps_its_history_and_clients_across_a_rewrite_in_another_language() {
-        let (node, server) = node(&[("rooms", guests::CHAT)]).await;
-        let mut ann = connect(&server, "rooms", "den").await;
-        ann.send(Message::text("said in Rust")).await.unwrap();
-        assert_eq!(next_text(&mut ann).await, "said in Rust");
-
-        let rewrite = async |path: &str, said: &str| {
-            node.deploy("rooms", guests::bytes(path), script_options())
-                .await
-                .expect("redeploying rooms");
-            // The live process finishes on its version: stop it, so the
-            // next message starts one of the new version.
-            node.stop_key("rooms", "den", StopReason::Idle)
-                .await
-                .expect("stopping rooms/den");
-            eventually(PATIENCE, "the old process is gone", || {
-                !is_live(&node, "rooms", "den")
-            })
-            .await;
-            assert_eq!(call_text(&node, "rooms", "den", "connections").await, "1");
-            assert_eq!(
-                call_text(&node, "rooms", "den", &format!("say {said}")).await,
-                "1"
-            );
-        };
-        rewrite(guests::CHAT_JS, "said in JavaScript").await;
-        assert_eq!(next_text(&mut ann).await, "said in JavaScript");
-        assert_eq!(
-            call_text(&node, "rooms", "den", "history").await,
-            "said in Rust\nsaid in JavaScript"
-        );
-        // A client of the JavaScript room gets the history Rust kept.
-        let mut bob = connect(&server, "rooms", "den").await;
-        assert_eq!(next_text(&mut bob).await, "said in Rust");
-        assert_eq!(next_text(&mut bob).await, "said in JavaScript");
-        bob.send(Message::text("bob, to JavaScript")).await.unwrap();
-        assert_eq!(next_text(&mut bob).await, "bob, to JavaScript");
-        assert_eq!(next_text(&mut ann).await, "bob, to JavaScript");
-        drop(bob);
-        connections_become(&node, "rooms", "den", 1).await;
-
-        rewrite(guests::CHAT, "said in Rust again").await;
-        assert_eq!(next_text(&mut ann).await, "said in Rust again");
-        assert_eq!(
-            call_text(&node, "rooms", "den", "history").await,
-            "said in Rust\nsaid in JavaScript\nbob, to JavaScript\nsaid in Rust again"
-        );
-    }
-
-    /// A Python or JavaScript key that does not handle connections (its
-    /// `Key` keeps the default `handle_connection` / `handleConnection`)
-    /// closes each connection as it opens, with 1000 and "this key takes no
-    /// WebSocket connections", as a Rust key does: the modules are
-    /// connectable (build-guest.sh exports the SDK's `connection-handler`),
-    /// not refused with 409. The keys serve on.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn python_and_javascript_keys_without_a_handler_close_connections() {
-        let modules = [
-            ("counter", guests::COUNTER),
-            ("counter-py", guests::COUNTER_PY),
-            ("counter-js", guests::COUNTER_JS),
-        ];
-        let (node, server) = node(&modules).await;
-        for (module, _) in modules {
-            let mut client = connect(&server, module, "c").await;
-            let close = next_close(&mut client).await.expect("a close frame");
-            assert_eq!(u16::from(close.code), 1000, "{module}: {close:?}");
-            assert_eq!(
-                close.reason.as_str(),
-                "this key takes no WebSocket connections",
-                "{module}"
-            );
-            assert_eq!(call_text(&node, module, "c", "incr").await, "1", "{module}");
-        }
-        eventually(PATIENCE, "no connection is left attached", || {
-            node.status().attached_connections == 0
-        })
-        .await;
     }
 }

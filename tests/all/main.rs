@@ -30,6 +30,7 @@ mod http_cli;
 mod http_limits;
 mod kill;
 mod languages;
+mod languages_websockets;
 mod limbo;
 mod limits;
 mod linearizability;

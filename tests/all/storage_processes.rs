@@ -276,6 +276,7 @@ async fn a_stored_counter_stays_linearizable_through_kills_pauses_cuts_and_leave
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    drop(histories);
     drop(nodes);
     drop_namespace(&db, &namespace).await;
 }

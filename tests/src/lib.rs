@@ -60,10 +60,14 @@ pub mod guests {
     /// `examples/chat-js`: `chat` in JavaScript (a chat room over WebSocket
     /// connections, its history kept as the Rust one keeps it).
     pub const CHAT_JS: &str = env!("FIEF_GUEST_CHAT_JS");
+    /// `examples/chat-py`: `chat` in Python (the same room, its history kept
+    /// as the Rust and JavaScript ones keep it).
+    pub const CHAT_PY: &str = env!("FIEF_GUEST_CHAT_PY");
     /// `tests/polyglot/probe-py`: the Python SDK driven by text commands
-    /// (`call`, `spin`, `fail`, `crash`, ...).
+    /// (`call`, `spin`, `fail`, `crash`, ...); its WebSocket connections
+    /// echo each frame, as the Rust probe's do.
     pub const PROBE_PY: &str = env!("FIEF_GUEST_PROBE_PY");
-    /// `tests/polyglot/probe-js`: the same commands in JavaScript.
+    /// `tests/polyglot/probe-js`: the same commands (and echo) in JavaScript.
     pub const PROBE_JS: &str = env!("FIEF_GUEST_PROBE_JS");
 
     /// The bytes of a guest component.

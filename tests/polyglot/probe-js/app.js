@@ -3,16 +3,20 @@
 // ping, whoami, echo, call, after, events, on-fence, fail, crash, spin,
 // spin-after-call, cache-get, cache-put, cache-cas, cache-delete, store-put,
 // store-get, store-list, store-del (`true` / `false` where Python says
-// `True` / `False`).
+// `True` / `False`). Its WebSocket connections echo as probe-py's do: each
+// text frame back as text (`connections.sendText`), each binary frame as
+// binary (`connections.sendBinary`).
 
 import {
   CONTINUE,
   CacheError,
   CallError,
+  EffectError,
   Key,
   Reject,
   StorageError,
   cache,
+  connections,
   exportKey,
   host,
   stop,
@@ -154,6 +158,17 @@ class Probe extends Key {
   handleFence(deadlineMs) {
     this.events.push(`fence:${deadlineMs}`);
     return this.fenceAnswer;
+  }
+
+  handleConnection(event) {
+    // An echo; a send the host refuses (a full queue, a closed connection)
+    // is dropped, as an echo server would.
+    try {
+      if (event.type === 'text') connections.sendText(event.id, event.text);
+      else if (event.type === 'binary') connections.sendBinary(event.id, event.data);
+    } catch (error) {
+      if (!(error instanceof EffectError)) throw error;
+    }
   }
 }
 

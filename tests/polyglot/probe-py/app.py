@@ -26,9 +26,29 @@ Each command is a `handle-call` message (UTF-8); `probe-js` answers the same:
 
 Casts are recorded as events; publications too (`subscribe` is not a
 command: the tests drive pub/sub with the Rust probe and the examples).
+
+WebSocket connections (`GET /v1/keys/probe-py/<key>/connect`), as the Rust
+probe: every text frame is sent back as a text frame to the connection it
+came from, every binary frame as a binary frame (an echo, with
+`connections.send_text` and `connections.send_binary`); opens and closes are
+accepted. Connection events never appear in `events`.
 """
 
-from fief_guest import CONTINUE, CacheError, CallError, Key, Reject, Stop, StorageError, cache, export_key, host, storage
+from fief_guest import (
+    CONTINUE,
+    CacheError,
+    CallError,
+    EffectError,
+    Key,
+    Reject,
+    Stop,
+    StorageError,
+    cache,
+    connections,
+    export_key,
+    host,
+    storage,
+)
 
 
 def spin_forever():
@@ -132,6 +152,17 @@ class Probe(Key):
     def handle_fence(self, deadline_ms):
         self.events.append(f"fence:{deadline_ms}")
         return self.fence_answer
+
+    def handle_connection(self, event):
+        # An echo; a send the host refuses (a full queue, a closed
+        # connection) is dropped, as an echo server would.
+        try:
+            if isinstance(event, connections.Text):
+                connections.send_text(event.id, event.text)
+            elif isinstance(event, connections.Binary):
+                connections.send_binary(event.id, event.data)
+        except EffectError:
+            pass
 
 
 Lifecycle = export_key(Probe)
