@@ -6,6 +6,9 @@
 #   - componentize-py and componentize-js at their pinned versions
 #     (scripts/install-guest-toolchains.sh; needs Python 3.11+ with venv and
 #     Node 20+, which this script checks but does not install);
+#   - Schemathesis at its pinned version, in a venv under .test-tools/
+#     (scripts/install-test-tools.sh; tests/all/schemathesis.rs runs it
+#     against a live node);
 #   - Debian packages: `chromium` and `chromium-driver` (the dashboard's browser
 #     test, tests/all/dashboard.rs: /usr/bin/chromium, chromedriver on PATH),
 #     `postgresql` (a server on 127.0.0.1:5432, user postgres, trust auth, for
@@ -161,4 +164,8 @@ fi
 
 ./scripts/install-guest-toolchains.sh
 
-say "ok: wasm32-wasip2, guest toolchains, chromium $(/usr/bin/chromium --version 2>/dev/null | awk '{print $2}'), chromedriver, stress-ng, PostgreSQL on 127.0.0.1:5432"
+# --- test tools (Schemathesis, from PyPI) -----------------------------------
+
+./scripts/install-test-tools.sh
+
+say "ok: wasm32-wasip2, guest toolchains, schemathesis, chromium $(/usr/bin/chromium --version 2>/dev/null | awk '{print $2}'), chromedriver, stress-ng, PostgreSQL on 127.0.0.1:5432"

@@ -162,7 +162,7 @@ pub(crate) struct TenantCpuMeters {
 }
 
 /// One tenant's CPU, as `fief status` reports it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct TenantCpuReport {
     /// The tenant (`""`: modules of no tenant).
     pub tenant: String,

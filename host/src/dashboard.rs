@@ -41,7 +41,7 @@ use crate::node::{Instance, LeaseState, NodeStatus};
 pub const SNAPSHOT_EVERY: Duration = Duration::from_millis(500);
 
 /// One snapshot of the cluster as one node sees it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ClusterView {
     /// The node serving the snapshot.
     pub node_id: String,
@@ -74,7 +74,7 @@ pub struct ClusterView {
 }
 
 /// A module's figures on the serving node.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ModuleView {
     /// Its name.
     pub name: String,

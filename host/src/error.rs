@@ -210,10 +210,10 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The HTTP endpoint exists but not with this method.
-    #[error("{0}; see the API table in docs/design.md")]
+    #[error("{0}; GET /v1/openapi.json lists every route and its methods")]
     MethodNotAllowed(String),
     /// No such HTTP endpoint.
-    #[error("no such endpoint: {0}; see the API table in docs/design.md")]
+    #[error("no such endpoint: {0}; GET /v1/openapi.json lists every route")]
     NoSuchEndpoint(String),
     /// The request line (method, URI, version) is over the API's limit.
     #[error(

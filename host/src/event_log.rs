@@ -111,7 +111,7 @@ pub(crate) fn report_processing(
             via: Via::Routed,
             ..
         } => (MessageKind::Call, message),
-        Envelope::Cast { message } => (MessageKind::Cast, message),
+        Envelope::Cast { message, .. } => (MessageKind::Cast, message),
         _ => return,
     };
     report_routed(services, env, kind, message, checked_at);

@@ -46,6 +46,7 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use crate::bindings::types::LogLevel;
 use crate::config::ByteSize;
 use crate::sync::lock;
+use crate::trace::TraceContext;
 
 /// Longest log line a guest can make, in bytes (the truncation mark comes
 /// on top).
@@ -167,6 +168,8 @@ struct LogState {
     last_note: Option<Instant>,
     stdout: PartialLine,
     stderr: PartialLine,
+    /// The trace of the message being handled: its lines carry its id.
+    trace: Option<TraceContext>,
 }
 
 /// The log of one key process: the `log` import, stdout and stderr.
@@ -236,6 +239,7 @@ impl GuestLogger {
                 last_note: None,
                 stdout: PartialLine::default(),
                 stderr: PartialLine::default(),
+                trace: None,
             }),
             host_nanos: AtomicU64::new(0),
             dropped,
@@ -255,7 +259,7 @@ impl GuestLogger {
         }
         let mut state = lock(&self.state);
         if self.admit(&mut state, line.len(), Instant::now()) {
-            self.emit(level, None, &line);
+            self.emit(level, None, &line, state.trace);
         }
     }
 
@@ -277,6 +281,13 @@ impl GuestLogger {
             Stream::Stdout => state.stdout.push(bytes),
             Stream::Stderr => state.stderr.push(bytes),
         }
+    }
+
+    /// The trace of the callback about to run (`None` between messages and
+    /// for those that carry none): each line after this names its id as
+    /// `trace_id`.
+    pub(crate) fn set_trace(&self, trace: Option<TraceContext>) {
+        lock(&self.state).trace = trace;
     }
 
     /// Add `spent` to the host time of stream writes.
@@ -306,7 +317,7 @@ impl GuestLogger {
             self.truncated.inc();
         }
         if self.admit(state, line.len(), Instant::now()) {
-            self.emit(level, Some(stream), &line);
+            self.emit(level, Some(stream), &line, state.trace);
         }
     }
 
@@ -353,20 +364,42 @@ impl GuestLogger {
         );
     }
 
-    fn emit(&self, level: Level, stream: Option<Stream>, text: &str) {
+    fn emit(&self, level: Level, stream: Option<Stream>, text: &str, trace: Option<TraceContext>) {
         let (module, key) = (&*self.module, &*self.key);
+        // Absent (not empty) on a line of no trace.
+        let trace_id = trace.map(|t| tracing::field::display(t.trace_hex()));
         match (level, stream) {
-            (Level::Trace, _) => tracing::trace!(target: "fief::guest", module, key, "{text}"),
-            (Level::Debug, _) => tracing::debug!(target: "fief::guest", module, key, "{text}"),
-            (Level::Info, None) => tracing::info!(target: "fief::guest", module, key, "{text}"),
-            (Level::Warn, None) => tracing::warn!(target: "fief::guest", module, key, "{text}"),
-            (Level::Error, _) => tracing::error!(target: "fief::guest", module, key, "{text}"),
-            (Level::Info, Some(_)) => {
-                tracing::info!(target: "fief::guest", module, key, stream = "stdout", "{text}")
+            (Level::Trace, _) => {
+                tracing::trace!(target: "fief::guest", module, key, trace_id, "{text}")
             }
-            (Level::Warn, Some(_)) => {
-                tracing::warn!(target: "fief::guest", module, key, stream = "stderr", "{text}")
+            (Level::Debug, _) => {
+                tracing::debug!(target: "fief::guest", module, key, trace_id, "{text}")
             }
+            (Level::Info, None) => {
+                tracing::info!(target: "fief::guest", module, key, trace_id, "{text}")
+            }
+            (Level::Warn, None) => {
+                tracing::warn!(target: "fief::guest", module, key, trace_id, "{text}")
+            }
+            (Level::Error, _) => {
+                tracing::error!(target: "fief::guest", module, key, trace_id, "{text}")
+            }
+            (Level::Info, Some(_)) => tracing::info!(
+                target: "fief::guest",
+                module,
+                key,
+                trace_id,
+                stream = "stdout",
+                "{text}"
+            ),
+            (Level::Warn, Some(_)) => tracing::warn!(
+                target: "fief::guest",
+                module,
+                key,
+                trace_id,
+                stream = "stderr",
+                "{text}"
+            ),
         }
     }
 }

@@ -51,7 +51,7 @@ struct HeldState {
 
 /// A state this node could not keep or pass on, for logs and the leave's
 /// report.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct LostState {
     /// The key's module.
     pub module: String,

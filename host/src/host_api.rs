@@ -133,7 +133,9 @@ impl Host for KeyCtx {
         }
         self.charge_host(start.elapsed(), lifted)?;
         let timeout = Duration::from_millis(u64::from(timeout_ms));
-        let result = node.call_key(module, key, message, timeout).await;
+        // The callee's trace is this callback's (`crate::trace`).
+        let call = node.call_key(module, key, message, timeout);
+        let result = crate::trace::scope(self.trace, call).await;
         let resumed = Instant::now();
         // The world may have changed while this key waited.
         self.gate()?;
@@ -429,7 +431,9 @@ impl KeyCtx {
             return Ok(self.hold_cast((&services, &*node), module, key, message));
         }
         Ok(module
-            .and_then(|module| node.cast_key(&module, key, message))
+            .and_then(|module| {
+                crate::trace::sync_scope(self.trace, || node.cast_key(&module, key, message))
+            })
             .map_err(|e| match e {
                 Error::UnknownModule(m) => EffectError::UnknownModule(m),
                 Error::Overloaded { .. } | Error::TooManyKeys { .. } | Error::PoolFull { .. } => {
@@ -462,6 +466,7 @@ impl KeyCtx {
             module,
             key: key.to_owned(),
             message,
+            trace: self.trace,
         };
         self.storage
             .hold(cast, bytes)

@@ -191,7 +191,7 @@ pub(crate) struct TenantLedgers {
 }
 
 /// One tenant's host bytes, as `fief status` reports them.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct TenantHostBytes {
     /// The tenant (`""`: modules of no tenant).
     pub tenant: String,

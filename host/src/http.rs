@@ -21,8 +21,11 @@
 //! | `GET /` | the live dashboard page (see [`crate::dashboard`]) |
 //! | `GET /v1/cluster` | the cluster as this node sees it ([`ClusterView`](crate::dashboard::ClusterView)); admin |
 //! | `GET /v1/cluster/events` | the same, as server-sent `snapshot` events every 500 ms; admin |
+//! | `GET /v1/health`, `GET /v1/ready` | liveness and readiness probes (`probes.rs`); no token needed |
+//! | `GET /v1/openapi.json` | the OpenAPI 3.1 document of all of the above ([`crate::openapi`]); no token needed |
 //!
-//! With tokens configured ([`crate::auth`]), every request needs
+//! With tokens configured ([`crate::auth`]), every request but the probes
+//! and the document needs
 //! `Authorization: Bearer TOKEN` (`401 unauthorized` otherwise); a tenant's
 //! module, key and cache names are scoped to the tenant, another tenant's
 //! module answers `404`, and `leave` needs an admin token (`403`). The
@@ -123,8 +126,37 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
             auth,
             crate::auth::authenticate,
         ))
+        // Outside authentication: a refused request is traced too.
+        .layer(axum::middleware::from_fn(traced))
+        // Added after the authentication layer, so outside it: probes
+        // carry no token.
+        .merge(crate::probes::routes())
         .with_state(instance)
 }
+
+/// Trace context (`crate::trace`, issue 22 item 4): the request is served
+/// in the caller's `traceparent` trace, or a new one if it sent none or one
+/// that does not parse (never refused for it), in a span of this node's own
+/// that the response's `traceparent` names.
+async fn traced(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let caller = request
+        .headers()
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::trace::TraceContext::parse);
+    let trace = caller.map_or_else(crate::trace::TraceContext::new_root, |t| t.child());
+    let mut response = crate::trace::scope(Some(trace), next.run(request)).await;
+    if let Ok(value) = axum::http::HeaderValue::from_str(&trace.to_string()) {
+        response.headers_mut().insert(TRACEPARENT, value);
+    }
+    response
+}
+
+/// The W3C trace context header.
+const TRACEPARENT: &str = "traceparent";
 
 /// Serve the API on `listener` until `shutdown` resolves.
 ///
@@ -181,13 +213,18 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Error> {
         })
 }
 
-/// A key route's module (scoped to the caller's tenant) and key.
+/// A key route's module (scoped to the caller's tenant) and key, both
+/// checked: every key route refuses a malformed key with `400` before
+/// anything else (a kill or a state read of a key no call could reach
+/// answered `200`, found by Schemathesis).
 fn key_path(
     who: &Identity,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<(String, String), Error> {
     let (module, key) = path_pair(path, "module and key")?;
-    Ok((who.module(&module)?, key))
+    let module = who.module(&module)?;
+    crate::config::validate_key(&key)?;
+    Ok((module, key))
 }
 
 fn cache_path(
@@ -261,7 +298,7 @@ async fn cast(
     let limit = instance.config().max_message_size.as_u64() as usize;
     let message = read_body(body, limit).await?;
     instance.cast(&module, &key, message.to_vec())?;
-    Ok((StatusCode::ACCEPTED, axum::Json(json!({"queued": true}))))
+    Ok((StatusCode::ACCEPTED, axum::Json(Queued { queued: true })))
 }
 
 /// `GET /v1/keys/{module}/{key}/connect`: a WebSocket connection to the
@@ -286,8 +323,8 @@ async fn kill(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<impl IntoResponse, Error> {
     let (module, key) = key_path(&who, path)?;
-    let killed = instance.kill_key(&module, &key);
-    Ok(axum::Json(json!({"killed": killed})))
+    let killed = instance.kill_key_and_wait(&module, &key).await;
+    Ok(axum::Json(Killed { killed }))
 }
 
 /// `GET /v1/state/{module}/{key}?prefix=P&limit=N`: the key's committed
@@ -308,7 +345,7 @@ async fn state(
             query.limit.unwrap_or(100),
         )
         .await?;
-    Ok(axum::Json(json!({ "entries": entries })))
+    Ok(axum::Json(StateEntries { entries }))
 }
 
 /// `GET /v1/alarms/{module}/{key}`: the key's committed alarms (read-only;
@@ -320,7 +357,7 @@ async fn alarms(
 ) -> Result<impl IntoResponse, Error> {
     let (module, key) = key_path(&who, path)?;
     let alarms = instance.stored_alarms(&module, &key).await?;
-    Ok(axum::Json(json!({ "alarms": alarms })))
+    Ok(axum::Json(AlarmList { alarms }))
 }
 
 /// The query of [`state`].
@@ -354,6 +391,7 @@ async fn leave(
         "left": true,
         "lost_states": report.lost_states,
         "no_other_node": report.no_other_node,
+        "released": report.released,
     })))
 }
 
@@ -412,8 +450,11 @@ fn etag(version: u64) -> String {
 }
 
 /// The write precondition the request's `If-Match` / `If-None-Match: *`
-/// headers ask for.
-fn expectation(headers: &HeaderMap) -> Result<Expect, Error> {
+/// headers ask for; `None` when it sends both, which no entry can meet (one
+/// needs an entry of a version, the other no entry: RFC 9110 evaluates
+/// both, so the answer is `412`). Found by Schemathesis: the write went
+/// ahead, `If-Match` ignored.
+fn expectation(headers: &HeaderMap) -> Result<Option<Expect>, Error> {
     let text = |name: header::HeaderName| {
         headers
             .get(&name)
@@ -424,27 +465,45 @@ fn expectation(headers: &HeaderMap) -> Result<Expect, Error> {
             })
             .transpose()
     };
-    if let Some(value) = text(header::IF_NONE_MATCH)? {
-        return if value == "*" {
-            Ok(Expect::Absent)
-        } else {
-            Err(Error::InvalidKey(format!(
+    let absent = match text(header::IF_NONE_MATCH)? {
+        None => false,
+        Some("*") => true,
+        Some(value) => {
+            return Err(Error::InvalidKey(format!(
                 "If-None-Match {value:?} is not supported: use `*` (write only if there is no entry)"
-            )))
-        };
-    }
-    match text(header::IF_MATCH)? {
-        None => Ok(Expect::Any),
-        Some(value) => value
-            .trim_start_matches("W/")
-            .trim_matches('"')
-            .parse()
-            .map(Expect::Version)
-            .map_err(|_| {
-                Error::InvalidKey(format!(
-                    "If-Match {value:?} is not a cache version: send the ETag a read returned, e.g. If-Match: \"42\""
-                ))
-            }),
+            )));
+        }
+    };
+    let version = match text(header::IF_MATCH)? {
+        None => None,
+        Some(value) => Some(
+            value
+                .trim_start_matches("W/")
+                .trim_matches('"')
+                .parse()
+                .map_err(|_| {
+                    Error::InvalidKey(format!(
+                        "If-Match {value:?} is not a cache version: send the ETag a read returned, e.g. If-Match: \"42\""
+                    ))
+                })?,
+        ),
+    };
+    Ok(match (absent, version) {
+        (true, Some(_)) => None,
+        (true, None) => Some(Expect::Absent),
+        (false, Some(version)) => Some(Expect::Version(version)),
+        (false, None) => Some(Expect::Any),
+    })
+}
+
+/// The `412` for a precondition no entry can meet, naming the entry's
+/// version now (or the error reading it).
+async fn unmeetable(instance: &Instance, namespace: &str, key: &str) -> Error {
+    match instance.cache().get(namespace, key).await {
+        Ok(entry) => Error::VersionConflict {
+            current: entry.map(|e| e.version),
+        },
+        Err(e) => e,
     }
 }
 
@@ -519,6 +578,9 @@ async fn cache_put(
     let expect = expectation(&headers)?;
     let limit = instance.config().max_message_size.as_u64() as usize;
     let value = read_body(body, limit).await?;
+    let Some(expect) = expect else {
+        return Err(unmeetable(&instance, &namespace, &key).await);
+    };
     let options = PutOptions { ttl, expect };
     let version = instance
         .cache()
@@ -526,7 +588,7 @@ async fn cache_put(
         .await?;
     Ok((
         [(header::ETAG, etag(version))],
-        axum::Json(json!({"version": version})),
+        axum::Json(CacheVersion { version }),
     ))
 }
 
@@ -538,7 +600,53 @@ async fn cache_delete(
 ) -> Result<impl IntoResponse, Error> {
     let (namespace, key) = cache_path(path)?;
     let namespace = who.cache_namespace(&namespace)?;
-    let expect = expectation(&headers)?;
+    let Some(expect) = expectation(&headers)? else {
+        return Err(unmeetable(&instance, &namespace, &key).await);
+    };
     let deleted = instance.cache().delete(&namespace, &key, expect).await?;
-    Ok(axum::Json(json!({"deleted": deleted})))
+    Ok(axum::Json(Deleted { deleted }))
+}
+
+// ---- Response bodies (their schemas are in the OpenAPI document) ----
+
+/// The answer of a cast: the message is queued (it may still be lost).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Queued {
+    /// Always `true`.
+    pub queued: bool,
+}
+
+/// The answer of `DELETE /v1/keys/{module}/{key}`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Killed {
+    /// Whether the key had a live process here (now killed).
+    pub killed: bool,
+}
+
+/// The answer of `GET /v1/state/{module}/{key}`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct StateEntries {
+    /// The committed entries, sorted by name.
+    pub entries: Vec<crate::storage::StoredEntry>,
+}
+
+/// The answer of `GET /v1/alarms/{module}/{key}`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct AlarmList {
+    /// The committed alarms, sorted by name.
+    pub alarms: Vec<crate::StoredAlarmView>,
+}
+
+/// The answer of a cache write: the entry's new version (also its `ETag`).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct CacheVersion {
+    /// The new version.
+    pub version: u64,
+}
+
+/// The answer of a cache delete.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Deleted {
+    /// Whether there was an entry (now deleted).
+    pub deleted: bool,
 }

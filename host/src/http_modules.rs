@@ -22,7 +22,6 @@ use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use serde_json::json;
 
 use crate::auth::Identity;
 use crate::error::Error;
@@ -151,6 +150,12 @@ pub(crate) async fn undeploy(
     let shown = module_name(name)?;
     let name = who.module(&shown)?;
     instance.undeploy(&name).await?;
-    let name = shown;
-    Ok(axum::Json(json!({"undeployed": name})))
+    Ok(axum::Json(Undeployed { undeployed: shown }))
+}
+
+/// The answer of `DELETE /v1/modules/{name}`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Undeployed {
+    /// The module undeployed, as the caller named it.
+    pub undeployed: String,
 }

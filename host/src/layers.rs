@@ -62,6 +62,8 @@ const TABLE: &[(&str, Row)] = &[
     ("http_modules", Row::Node),
     ("listener", Row::Node),
     ("dashboard", Row::Node),
+    ("probes", Row::Node),
+    ("openapi", Row::Node),
     ("fuzz", Row::Node),
     // Key processes.
     ("key", Row::Keys),
@@ -103,6 +105,7 @@ const TABLE: &[(&str, Row)] = &[
     // Values and leaves.
     ("config", Row::Values),
     ("wire", Row::Values),
+    ("trace", Row::Values),
     ("error", Row::Values),
     ("clock", Row::Values),
     ("sync", Row::Values),

@@ -52,7 +52,9 @@ mod mailbox;
 mod metrics;
 pub mod module;
 mod node;
+pub mod openapi;
 mod peer_auth;
+mod probes;
 mod pubsub;
 mod runtime;
 mod sandbox;
@@ -61,6 +63,7 @@ pub mod storage;
 mod storage_api;
 mod sync;
 pub mod tls;
+mod trace;
 mod transport;
 mod wire;
 
@@ -78,6 +81,6 @@ pub use key::{KeyLife, KeyLifeEvent, KeyLifeObserver, LiveKey};
 pub use limbo::LimboEntry;
 pub use node::{
     Instance, InstanceBuilder, LeaseState, LeaveReport, ModuleInfo, ModuleListing, NodeStatus,
-    Status, StoredAlarmView,
+    Readiness, ReadyState, Status, StoredAlarmView,
 };
 pub use sandbox::TenantLimits;

@@ -27,7 +27,7 @@ use crate::key::KeyControl;
 use crate::mailbox::Mailbox;
 
 /// One survivor, as [`crate::Instance::limbo`] reports it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LimboEntry {
     /// The module.
     pub module: String,
@@ -35,8 +35,9 @@ pub struct LimboEntry {
     pub key: String,
     /// The partition the key belonged to.
     pub partition: u32,
-    /// When it entered limbo.
+    /// When it entered limbo (RFC 3339, UTC).
     #[serde(with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub since: SystemTime,
     /// Its fence mode (`continue` or `callback`).
     pub mode: String,

@@ -46,18 +46,23 @@ pub(crate) enum PeerRequest {
         node: String,
         features: u64,
     },
-    /// Call a key; the response carries its reply.
+    /// Call a key; the response carries its reply. `trace`, the caller's
+    /// trace context, is last: an older receiver ignores it, and an older
+    /// sender's call, which ends before it, reads as carrying none
+    /// ([`decode_frame`]).
     Call {
         module: String,
         key: String,
         message: Vec<u8>,
         timeout_ms: u64,
+        trace: Option<WireTrace>,
     },
-    /// Cast to a key.
+    /// Cast to a key; `trace` as in [`PeerRequest::Call`].
     Cast {
         module: String,
         key: String,
         message: Vec<u8>,
+        trace: Option<WireTrace>,
     },
     /// Graceful move, step 1: the old owner hands over the state of the keys
     /// it stopped, before it gives the partitions away (in as many frames as
@@ -115,6 +120,15 @@ pub(crate) enum PeerRequest {
     /// attached to the moving keys, for their next owner (before it serves
     /// them); the response is empty.
     Attach { attachments: Vec<WireAttachment> },
+}
+
+/// A W3C trace context as it crosses the wire (`crate::trace` converts it
+/// and refuses all-zero ids).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireTrace {
+    pub(crate) trace_id: [u8; 16],
+    pub(crate) parent_id: [u8; 8],
+    pub(crate) flags: u8,
 }
 
 /// A connection attached to a key, handed to the key's next owner.
@@ -354,7 +368,8 @@ pub(crate) fn encode(frame: &Frame) -> Result<Bytes> {
 /// the field would begin. Only that reads as no rows — a frame that is
 /// exactly an [`OlderFrame`] handoff, to its last byte. Anything else that
 /// fails (a bad length, rows cut short or malformed) is a corrupt frame,
-/// refused like any other.
+/// refused like any other. A hello without `features` and a call or cast
+/// without `trace` are read the same way.
 ///
 /// # Errors
 ///
@@ -363,6 +378,7 @@ pub(crate) fn decode_frame(bytes: &[u8]) -> std::result::Result<Frame, postcard:
     match postcard::from_bytes(bytes) {
         Err(postcard::Error::DeserializeUnexpectedEnd) => older_handoff(bytes)
             .or_else(|| older_hello(bytes))
+            .or_else(|| untraced(bytes))
             .ok_or(postcard::Error::DeserializeUnexpectedEnd),
         read => read,
     }
@@ -410,6 +426,40 @@ fn older_hello(bytes: &[u8]) -> Option<Frame> {
     }
 }
 
+/// `bytes` as an older sender's call or cast (no `trace`), if that is all
+/// they are.
+fn untraced(bytes: &[u8]) -> Option<Frame> {
+    let (OlderFrame::Request { id, body }, []) = postcard::take_from_bytes(bytes).ok()? else {
+        return None;
+    };
+    let body = match body {
+        OlderRequest::Call {
+            module,
+            key,
+            message,
+            timeout_ms,
+        } => PeerRequest::Call {
+            module,
+            key,
+            message,
+            timeout_ms,
+            trace: None,
+        },
+        OlderRequest::Cast {
+            module,
+            key,
+            message,
+        } => PeerRequest::Cast {
+            module,
+            key,
+            message,
+            trace: None,
+        },
+        OlderRequest::Hello | OlderRequest::Handoff { .. } => return None,
+    };
+    Some(Frame::Request { id, body })
+}
+
 /// A hello as a sender of the version before `features` wrote it.
 #[derive(Debug, Serialize, Deserialize)]
 enum OlderHelloFrame {
@@ -422,9 +472,9 @@ enum OlderHello {
     Hello { namespace: String, node: String },
 }
 
-/// A frame as a sender of the version before move attempts wrote a
-/// handoff: a request whose handoff has no `manifest`. The variants before
-/// `Handoff` only hold their places (postcard numbers variants in order).
+/// A frame as a sender of an older version wrote a call or a cast (before
+/// `trace`), or a handoff (before move attempts: no `manifest`). `Hello`
+/// only holds its place (postcard numbers variants in order).
 #[derive(Debug, Serialize, Deserialize)]
 enum OlderFrame {
     Request { id: u64, body: OlderRequest },
@@ -434,9 +484,20 @@ enum OlderFrame {
 #[derive(Debug, Serialize, Deserialize)]
 enum OlderRequest {
     Hello,
-    Call,
-    Cast,
-    Handoff { entries: Vec<HandoffEntry> },
+    Call {
+        module: String,
+        key: String,
+        message: Vec<u8>,
+        timeout_ms: u64,
+    },
+    Cast {
+        module: String,
+        key: String,
+        message: Vec<u8>,
+    },
+    Handoff {
+        entries: Vec<HandoffEntry>,
+    },
 }
 
 /// A cached value and its version.
@@ -645,6 +706,92 @@ mod tests {
                 manifest_of(&frame)
             );
         }
+    }
+
+    fn a_trace() -> WireTrace {
+        WireTrace {
+            trace_id: [0x4b; 16],
+            parent_id: [7; 8],
+            flags: 1,
+        }
+    }
+
+    /// Issue 22 item 4: an older sender's call and cast (no `trace`) read
+    /// as untraced, a newer one's carry the trace, an older receiver reads
+    /// a newer call, and a trace cut short is refused, not read as none.
+    #[test]
+    fn a_call_or_cast_without_a_trace_reads_as_untraced_and_one_with_keeps_it() {
+        let old_call = OlderFrame::Request {
+            id: 5,
+            body: OlderRequest::Call {
+                module: "m".to_owned(),
+                key: "k".to_owned(),
+                message: b"hi".to_vec(),
+                timeout_ms: 100,
+            },
+        };
+        let bytes = postcard::to_stdvec(&old_call).unwrap();
+        let Frame::Request {
+            id: 5,
+            body:
+                PeerRequest::Call {
+                    key,
+                    timeout_ms,
+                    trace,
+                    ..
+                },
+        } = decode_frame(&bytes).unwrap()
+        else {
+            panic!("not a call")
+        };
+        assert_eq!((key.as_str(), timeout_ms, trace), ("k", 100, None));
+        let old_cast = OlderFrame::Request {
+            id: 6,
+            body: OlderRequest::Cast {
+                module: "m".to_owned(),
+                key: "k".to_owned(),
+                message: b"hi".to_vec(),
+            },
+        };
+        let bytes = postcard::to_stdvec(&old_cast).unwrap();
+        let Frame::Request {
+            body: PeerRequest::Cast { trace: None, .. },
+            ..
+        } = decode_frame(&bytes).unwrap()
+        else {
+            panic!("not an untraced cast")
+        };
+        let new = Frame::Request {
+            id: 7,
+            body: PeerRequest::Call {
+                module: "m".to_owned(),
+                key: "k".to_owned(),
+                message: b"hi".to_vec(),
+                timeout_ms: 100,
+                trace: Some(a_trace()),
+            },
+        };
+        let bytes = encode(&new).unwrap();
+        let Frame::Request {
+            body: PeerRequest::Call { trace: got, .. },
+            ..
+        } = decode_frame(&bytes).unwrap()
+        else {
+            panic!("not a call")
+        };
+        assert_eq!(got, Some(a_trace()));
+        let OlderFrame::Request {
+            body: OlderRequest::Call { message, .. },
+            ..
+        } = postcard::from_bytes(&bytes).unwrap()
+        else {
+            panic!("an older receiver did not read a call")
+        };
+        assert_eq!(message, b"hi");
+        assert!(
+            decode_frame(&bytes[..bytes.len() - 3]).is_err(),
+            "a trace cut short is refused"
+        );
     }
 
     #[test]

@@ -289,5 +289,8 @@ fn the_cli_help_lists_every_module_option_with_its_default_and_ceiling() {
             o.name
         );
     }
-    assert!(node.contains("max_storage_bytes_per_key (default 1.0 GiB)"), "{node}");
+    assert!(
+        node.contains("max_storage_bytes_per_key (default 1.0 GiB)"),
+        "{node}"
+    );
 }

@@ -306,12 +306,18 @@ async fn the_client_crate_drives_a_real_node_with_typed_errors() {
     assert_eq!((deployed.name.as_str(), deployed.version), ("counter", 1));
     assert_eq!(client.call("counter", "alice", "incr").await.unwrap(), b"1");
     // The counter counts its ticks: a cast starts them.
-    client.cast("counter", "alice", "tick-every 10").await.unwrap();
+    client
+        .cast("counter", "alice", "tick-every 10")
+        .await
+        .unwrap();
     eventually_async(Duration::from_secs(10), "the cast was handled", || async {
         client.call("counter", "alice", "get").await.ok() != Some(b"1".to_vec())
     })
     .await;
-    assert_eq!(client.status().await.unwrap()["modules"][0]["name"], "counter");
+    assert_eq!(
+        client.status().await.unwrap()["modules"][0]["name"],
+        "counter"
+    );
     assert!(client.metrics().await.unwrap().contains("fief_"));
     assert!(client.kill("counter", "alice").await.unwrap());
 
@@ -326,7 +332,12 @@ async fn the_client_crate_drives_a_real_node_with_typed_errors() {
     assert_eq!(stale.code(), Some("version_conflict"), "{stale}");
     let entry = client.cache_get("c", "k").await.unwrap().unwrap();
     assert_eq!((entry.value.as_slice(), entry.version), (&b"one"[..], v1));
-    assert!(client.cache_delete("c", "k", CacheExpect::Version(v1)).await.unwrap());
+    assert!(
+        client
+            .cache_delete("c", "k", CacheExpect::Version(v1))
+            .await
+            .unwrap()
+    );
     assert_eq!(client.cache_get("c", "k").await.unwrap(), None);
 
     let unknown = client.call("nope", "alice", "incr").await.unwrap_err();
@@ -338,7 +349,11 @@ async fn the_client_crate_drives_a_real_node_with_typed_errors() {
         other => panic!("expected the API's error, got {other:?}"),
     }
     let bad = client
-        .deploy("counter", guests::bytes(guests::COUNTER), &[("cpu_limit", "forever")])
+        .deploy(
+            "counter",
+            guests::bytes(guests::COUNTER),
+            &[("cpu_limit", "forever")],
+        )
         .await
         .unwrap_err();
     assert_eq!(bad.code(), Some("invalid_options"), "{bad}");

@@ -4,6 +4,7 @@
 
 mod alarms;
 mod alarms_cluster;
+mod api_findings;
 mod arbiter;
 mod bad_input;
 mod browser;
@@ -35,8 +36,10 @@ mod limbo;
 mod limits;
 mod linearizability;
 mod observability;
+mod probes;
 mod processes;
 mod runtime;
+mod schemathesis;
 mod self_fencing;
 mod sockets;
 mod sockets_processes;
@@ -48,3 +51,4 @@ mod tidy;
 mod tls;
 mod topics_cluster;
 mod topics_processes;
+mod trace_processes;

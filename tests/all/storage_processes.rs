@@ -250,33 +250,34 @@ async fn a_stored_counter_stays_linearizable_through_kills_pauses_cuts_and_leave
         );
     }
 
-    let histories = record.keys.lock().unwrap();
-    let answered_incrs = histories
-        .values()
-        .flatten()
-        .filter(|e| e.op == Op::Incr && e.answer.is_some())
-        .count();
-    let unknown = histories
-        .values()
-        .flatten()
-        .filter(|e| e.answer.is_none())
-        .count();
-    eprintln!(
-        "stored counter: {answered_incrs} answered incrs, {unknown} of unknown outcome, {} keys",
-        histories.len()
-    );
-    assert!(
-        answered_incrs >= 200,
-        "only {answered_incrs} incrs were answered: the load did not run"
-    );
-    let mut failures = Vec::new();
-    for (key, history) in histories.iter() {
-        if let Err(why) = counter_history::check(history) {
-            failures.push(format!("{key}: {why}"));
+    {
+        let histories = record.keys.lock().unwrap();
+        let answered_incrs = histories
+            .values()
+            .flatten()
+            .filter(|e| e.op == Op::Incr && e.answer.is_some())
+            .count();
+        let unknown = histories
+            .values()
+            .flatten()
+            .filter(|e| e.answer.is_none())
+            .count();
+        eprintln!(
+            "stored counter: {answered_incrs} answered incrs, {unknown} of unknown outcome, {} keys",
+            histories.len()
+        );
+        assert!(
+            answered_incrs >= 200,
+            "only {answered_incrs} incrs were answered: the load did not run"
+        );
+        let mut failures = Vec::new();
+        for (key, history) in histories.iter() {
+            if let Err(why) = counter_history::check(history) {
+                failures.push(format!("{key}: {why}"));
+            }
         }
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    drop(histories);
     drop(nodes);
     drop_namespace(&db, &namespace).await;
 }

@@ -161,3 +161,118 @@ fn every_module_has_a_header() {
         "modules without a //! header: {missing:#?}"
     );
 }
+
+/// The `(METHOD, path)` pairs the router registers, read from the sources
+/// that call `.route(...)` ([`fief::http::router_with`] and the route
+/// functions it merges): each `.route("PATH", ...)` with the methods of its
+/// method router (`get(h).put(h)`, `axum::routing::delete(h)`).
+fn routes_in(source: &str) -> Vec<(String, String)> {
+    const METHODS: [&str; 5] = ["get", "post", "put", "delete", "patch"];
+    let mut out = Vec::new();
+    for (at, _) in source.match_indices(".route(") {
+        let rest = &source[at + ".route(".len()..];
+        let Some(path) = rest.split('"').nth(1) else {
+            continue;
+        };
+        // The method router: up to the `)` closing `.route(`.
+        let mut depth = 1;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| {
+                depth += match c {
+                    '(' => 1,
+                    ')' => -1,
+                    _ => 0,
+                };
+                depth == 0
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        let router = &rest[..end];
+        for method in METHODS {
+            let called = router.match_indices(&format!("{method}(")).any(|(i, _)| {
+                !router[..i]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+            if called {
+                out.push((method.to_uppercase(), path.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_route_parser_finds_methods() {
+    let source = r#"Router::new()
+        .route("/a/{x}", put(deploy).get(crate::m::get_one).delete(crate::m::undeploy))
+        .route("/b", axum::routing::delete(kill))
+        .route("/c", get(cache_delete))"#;
+    assert_eq!(
+        routes_in(source),
+        [
+            ("GET", "/a/{x}"),
+            ("PUT", "/a/{x}"),
+            ("DELETE", "/a/{x}"),
+            ("DELETE", "/b"),
+            ("GET", "/c"),
+        ]
+        .map(|(m, p)| (m.to_owned(), p.to_owned()))
+    );
+}
+
+/// Issue 22 item 1: the OpenAPI document (`GET /v1/openapi.json`,
+/// `host/src/openapi.rs`) has every route the router serves, and nothing
+/// else; a route added without its document fails here, named.
+#[test]
+fn every_route_is_in_the_openapi_document() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut served = Vec::new();
+    for file in [
+        "host/src/http.rs",
+        "host/src/dashboard.rs",
+        "host/src/probes.rs",
+    ] {
+        let source = std::fs::read_to_string(root.join(file)).expect("a router source");
+        served.extend(routes_in(&source));
+    }
+    // Every file of the host that registers routes is one of those above.
+    for path in rust_files() {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let name = path.to_string_lossy();
+        if name.contains("/host/src/")
+            && !["http.rs", "dashboard.rs", "probes.rs"]
+                .iter()
+                .any(|f| name.ends_with(f))
+        {
+            assert!(
+                routes_in(&text).is_empty(),
+                "{name} registers routes: add it to this test's list"
+            );
+        }
+    }
+    assert!(
+        served.len() > 20,
+        "the route parser found too few: {served:?}"
+    );
+    let documented = fief::openapi::operations();
+    let missing: Vec<_> = served
+        .iter()
+        .filter(|r| !documented.contains(r))
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from the OpenAPI document (host/src/openapi.rs, operations_table): {missing:#?}"
+    );
+    let extra: Vec<_> = documented
+        .iter()
+        .filter(|r| !served.contains(r))
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "the OpenAPI document lists operations the router does not serve: {extra:#?}"
+    );
+}

@@ -136,6 +136,9 @@ mod tests {
         let lost = ApiError::from_body(502, r#"{"error":{"code":"answer_lost","message":"m"}}"#);
         assert!(!lost.is_refusal(), "it may have been processed");
         let plain = ApiError::from_body(502, "bad gateway\n");
-        assert_eq!((plain.code.as_str(), plain.message.as_str()), ("http_502", "bad gateway"));
+        assert_eq!(
+            (plain.code.as_str(), plain.message.as_str()),
+            ("http_502", "bad gateway")
+        );
     }
 }

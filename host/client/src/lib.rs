@@ -219,7 +219,7 @@ impl ClientBuilder {
                 .map_err(|e| bad(format!("the CA certificate is not PEM: {e}")))?;
             if certs.is_empty() {
                 return Err(bad(
-                    "the CA certificate file holds no PEM certificate".to_owned(),
+                    "the CA certificate file holds no PEM certificate".to_owned()
                 ));
             }
             for cert in certs {

@@ -110,7 +110,11 @@ async fn refusals_are_sent_again_and_a_lost_answer_never_is() {
     assert_eq!(seen.fenced.load(Ordering::SeqCst), 3, "all three attempts");
     let once = node.clone().with_retry(fast(1));
     once.call("m", "fenced", "ping").await.unwrap_err();
-    assert_eq!(seen.fenced.load(Ordering::SeqCst), 4, "one attempt, no retry");
+    assert_eq!(
+        seen.fenced.load(Ordering::SeqCst),
+        4,
+        "one attempt, no retry"
+    );
 }
 
 #[tokio::test]
@@ -127,7 +131,11 @@ async fn an_unreachable_node_and_bad_settings_are_typed_errors() {
     let e = node.status().await.unwrap_err();
     assert!(matches!(e, Error::Unreachable { .. }), "{e:?}");
     assert!(e.is_retryable(), "nothing was sent");
-    assert!(e.to_string().starts_with("cannot reach the node at http://127.0.0.1:"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("cannot reach the node at http://127.0.0.1:"),
+        "{e}"
+    );
 
     for bad in [
         Client::builder("ftp://x").build(),

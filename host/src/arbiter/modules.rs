@@ -34,7 +34,7 @@ pub struct NewModuleVersion {
 }
 
 /// One stored version of a module (without its bytes).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ModuleVersionRecord {
     /// The version number, from 1, strictly increasing per name.
     pub version: u64,
@@ -46,8 +46,9 @@ pub struct ModuleVersionRecord {
     pub options: ModuleOptions,
     /// Who deployed it.
     pub deployed_by: String,
-    /// When the arbiter stored it.
+    /// When the arbiter stored it (RFC 3339, UTC).
     #[serde(with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub deployed_at: SystemTime,
 }
 

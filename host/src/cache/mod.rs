@@ -61,7 +61,7 @@ pub struct PutOptions {
 }
 
 /// Counters of one node's cache store (the entries this node owns).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct CacheStats {
     /// Reads that found a live entry.
     pub hits: u64,

@@ -23,6 +23,7 @@ use super::KeyControl;
 use super::process::{Death, ProcessGuard, caller_error};
 use crate::cpu_budget::{CpuMeter, poll_timed};
 use crate::error::{Error, Result};
+use crate::trace::TraceContext;
 
 /// An inline call in flight, boxed so that it can move to the key's task if
 /// its caller goes away.
@@ -139,6 +140,7 @@ pub(super) async fn run_inline(
     mut process: ProcessGuard,
     control: Arc<KeyControl>,
     message: Vec<u8>,
+    trace: Option<TraceContext>,
 ) -> Result<Vec<u8>> {
     let Some(running) = process.as_mut() else {
         return Err(Error::KeyDied("the key process went away".to_owned()));
@@ -149,7 +151,7 @@ pub(super) async fn run_inline(
     // The guest traps at its next epoch check once killed; a kill while it
     // waits on the host (e.g. a host call) ends the call here.
     let outcome = {
-        let call = running.handle_call(&message);
+        let call = running.handle_call(&message, trace);
         tokio::pin!(call);
         tokio::select! {
             biased;

@@ -58,6 +58,7 @@ use tokio::sync::{Notify, oneshot};
 use crate::bindings::types::{Info, StopReason};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::trace::TraceContext;
 use crate::wire::ConnEvent;
 
 use inline::Orphan;
@@ -306,14 +307,20 @@ fn rearm<'a>(control: &'a KeyControl, changed: &mut Pin<&mut Notified<'a>>) {
 
 /// A message for a key process.
 pub(crate) enum Envelope {
-    /// A request; the reply goes back on `reply`.
+    /// A request; the reply goes back on `reply`. `trace`: the trace of
+    /// the request it serves (`crate::trace`), which the key's log lines
+    /// and its own calls carry while it handles the message.
     Call {
         message: Vec<u8>,
         reply: oneshot::Sender<Result<Vec<u8>>>,
         via: Via,
+        trace: Option<TraceContext>,
     },
-    /// A one-way message.
-    Cast { message: Vec<u8> },
+    /// A one-way message, with its trace as a call's.
+    Cast {
+        message: Vec<u8>,
+        trace: Option<TraceContext>,
+    },
     /// A timer fired or a publication arrived.
     Info(Info),
     /// Stop gracefully: `handoff` first if asked, then `terminate(reason)`.
@@ -428,7 +435,7 @@ impl Envelope {
     pub(crate) fn payload_bytes(&self) -> usize {
         crate::host_bytes::MESSAGE_OVERHEAD
             + match self {
-                Envelope::Call { message, .. } | Envelope::Cast { message } => message.len(),
+                Envelope::Call { message, .. } | Envelope::Cast { message, .. } => message.len(),
                 Envelope::Info(Info::Timer(fired)) => fired.tag.len(),
                 Envelope::Info(Info::Published(p)) => p.topic.len() + p.payload.len(),
                 Envelope::Stop { .. } => 0,

@@ -35,6 +35,7 @@ use crate::mailbox::WeakMailbox;
 use crate::module::CompiledModule;
 use crate::sandbox::PublishBucket;
 use crate::scheduler::{Scheduler, Seat};
+use crate::trace::TraceContext;
 use crate::wire::ConnEvent;
 
 /// Most elements one table of a key may grow to (`table.grow` past it traps
@@ -113,6 +114,10 @@ pub(crate) struct KeyCtx {
     /// Whether the module exports `fief:key/alarm-handler` (only then may
     /// it set alarms).
     pub(crate) alarms_allowed: bool,
+    /// The trace of the message being handled (a call's or a cast's), set
+    /// for its callback only: the key's calls and casts carry it, and its
+    /// log lines name it (`crate::trace`).
+    pub(crate) trace: Option<TraceContext>,
 }
 
 impl WasiView for KeyCtx {
@@ -363,6 +368,7 @@ impl KeyProcess {
                 module.uses_storage,
             ),
             alarms_allowed: module.alarm_handler.is_some(),
+            trace: None,
         };
         let mut store = Store::new(&services.runtime.engine, ctx);
         store.limiter(|ctx| &mut ctx.limits);
@@ -514,7 +520,16 @@ impl KeyProcess {
         ctx.host_nanos = 0;
         ctx.log.take_host_nanos();
         ctx.resuming = false;
+        self.set_trace(None);
         self.store.set_epoch_deadline(1);
+    }
+
+    /// The trace of the callback about to run (none but a call's or a
+    /// cast's): its log lines and its calls carry it.
+    fn set_trace(&mut self, trace: Option<TraceContext>) {
+        let ctx = self.store.data_mut();
+        ctx.trace = trace;
+        ctx.log.set_trace(trace);
     }
 
     fn death(&mut self, error: &wasmtime::Error) -> Death {
@@ -524,9 +539,11 @@ impl KeyProcess {
     pub(super) async fn handle_call(
         &mut self,
         message: &[u8],
+        trace: Option<TraceContext>,
     ) -> Result<Result<Vec<u8>, String>, Death> {
         self.store.data_mut().storage.preload().await;
         self.begin_callback();
+        self.set_trace(trace);
         let r = self
             .guest
             .fief_key_lifecycle()
@@ -539,9 +556,14 @@ impl KeyProcess {
             .map(|result| result.map_err(|why| bounded(why, MAX_GUEST_ERROR)))
     }
 
-    pub(super) async fn handle_cast(&mut self, message: &[u8]) -> Result<(), Death> {
+    pub(super) async fn handle_cast(
+        &mut self,
+        message: &[u8],
+        trace: Option<TraceContext>,
+    ) -> Result<(), Death> {
         self.store.data_mut().storage.preload().await;
         self.begin_callback();
+        self.set_trace(trace);
         let r = self
             .guest
             .fief_key_lifecycle()

@@ -32,6 +32,7 @@ use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::mailbox::{self, Mailbox, MailboxRx, Refused};
 use crate::metrics::CallCounter;
 use crate::module::CompiledModule;
+use crate::trace::TraceContext;
 
 /// A live key's entry in its module's table.
 pub(crate) struct KeyHandle {
@@ -75,7 +76,7 @@ pub(crate) struct ModuleSlot {
 }
 
 /// One live key, as reported by [`crate::Instance::keys`].
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct LiveKey {
     /// The module.
     pub module: String,
@@ -83,8 +84,9 @@ pub struct LiveKey {
     pub key: String,
     /// Its partition.
     pub partition: u32,
-    /// When its process started.
+    /// When its process started (RFC 3339, UTC).
     #[serde(with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub since: SystemTime,
     /// Host memory the node holds for it outside its linear memory (queued
     /// messages, timer tags, subscriptions), in bytes.
@@ -294,7 +296,11 @@ impl ModuleSlot {
     /// caller's task, holding the key's process: no hop to the key's task
     /// and back. Otherwise it goes through the mailbox like every other
     /// message. Either way the key runs one callback at a time, in arrival
-    /// order.
+    /// order, and with the `trace` of the request it serves.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the key's place, the message and what travels with it"
+    )]
     pub(crate) async fn call(
         self: &Arc<Self>,
         services: &Arc<KeyServices>,
@@ -303,6 +309,7 @@ impl ModuleSlot {
         token: OwnershipToken,
         message: Vec<u8>,
         via: Via,
+        trace: Option<TraceContext>,
     ) -> Result<Vec<u8>> {
         if via == Via::Routed
             && let Some((process, control, cpu)) = self.try_inline(key, services.runtime.ticks())
@@ -322,7 +329,8 @@ impl ModuleSlot {
                 }
                 control.touch();
                 self.inline_calls.inc();
-                let future: InlineFuture = Box::pin(run_inline(process, control.clone(), message));
+                let future: InlineFuture =
+                    Box::pin(run_inline(process, control.clone(), message, trace));
                 let mut call = InlineCall::new(future, control.clone(), cpu);
                 let reply = (&mut call).await;
                 super::inline::yield_after_inline(call.spent()).await;
@@ -347,6 +355,7 @@ impl ModuleSlot {
                 message,
                 reply,
                 via,
+                trace,
             },
         )?;
         rx.await
@@ -459,9 +468,24 @@ impl ModuleSlot {
 
     /// Kill one key. Returns whether it was live.
     pub(crate) fn kill(&self, key: &str, reason: &str) -> bool {
+        self.kill_generation(key, reason).is_some()
+    }
+
+    /// [`kill`](Self::kill), returning the killed process's generation (for
+    /// [`holds_generation`](Self::holds_generation)) if it was live.
+    pub(crate) fn kill_generation(&self, key: &str, reason: &str) -> Option<u64> {
         lock(&self.keys)
             .peek(key)
-            .is_some_and(|h| h.control.kill(reason))
+            .filter(|h| h.control.kill(reason))
+            .map(|h| h.generation)
+    }
+
+    /// Whether `key`'s entry is still the process of `generation` (a killed
+    /// process keeps it until its store is dropped).
+    pub(crate) fn holds_generation(&self, key: &str, generation: u64) -> bool {
+        lock(&self.keys)
+            .peek(key)
+            .is_some_and(|h| h.generation == generation)
     }
 
     /// Ask a live key to stop gracefully. `None` when the key is not live.

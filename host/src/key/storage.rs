@@ -31,6 +31,7 @@ use crate::host_bytes::{Held, Ledger};
 use crate::storage::state::{KeyState, StorageLimits};
 use crate::storage::writer::StorageWriter;
 use crate::storage::{Commit, Fence, KeyScope, Load, Outcome};
+use crate::trace::TraceContext;
 
 use super::KeyControl;
 
@@ -40,11 +41,13 @@ pub(crate) const COMMIT_FAILED: &str = "storage commit failed";
 
 /// An output held by the gate until the callback's writes are committed.
 pub(crate) enum Output {
-    /// `cast(module, key, message)`, the module already resolved.
+    /// `cast(module, key, message)`, the module already resolved, in the
+    /// trace of the callback that made it.
     Cast {
         module: String,
         key: String,
         message: Vec<u8>,
+        trace: Option<TraceContext>,
     },
     /// `publish(topic, payload)`, the topic already scoped.
     Publish { topic: String, payload: Vec<u8> },
@@ -301,8 +304,10 @@ impl super::KeyCtx {
                     module,
                     key,
                     message,
+                    trace,
                 } => {
-                    if let Err(e) = node.clone().cast_key(&module, &key, message) {
+                    let cast = || node.clone().cast_key(&module, &key, message);
+                    if let Err(e) = crate::trace::sync_scope(trace, cast) {
                         tracing::warn!(from = %self.env.module, %module, %key,
                             "a cast held for its commit was dropped: {e}");
                     }

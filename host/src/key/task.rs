@@ -580,9 +580,14 @@ async fn dispatch(
     waiting: &mut Option<Waiting>,
 ) -> Step {
     match envelope {
-        Envelope::Call { message, reply, .. } => {
+        Envelope::Call {
+            message,
+            reply,
+            trace,
+            ..
+        } => {
             *waiting = Some(Waiting::Call(reply));
-            let outcome = process.handle_call(&message).await;
+            let outcome = process.handle_call(&message, trace).await;
             let Some(Waiting::Call(reply)) = waiting.take() else {
                 unreachable!("set above")
             };
@@ -595,7 +600,7 @@ async fn dispatch(
                 }
             }
         }
-        Envelope::Cast { message } => match process.handle_cast(&message).await {
+        Envelope::Cast { message, trace } => match process.handle_cast(&message, trace).await {
             Ok(()) => Step::Continue,
             Err(Death(why)) => Step::Died(why),
         },

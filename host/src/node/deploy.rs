@@ -107,7 +107,7 @@ impl Deploys {
 
 /// One module of the cluster, as `GET /v1/modules` and `fief modules` show
 /// it: the store's versions and which version each node has loaded.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ModuleListing {
     /// The module name.
     pub name: String,

@@ -84,7 +84,7 @@ pub use moves::LeaveReport;
 pub(crate) use routing::refused;
 pub use start::InstanceBuilder;
 pub(crate) use status::module_info;
-pub use status::{LeaseState, ModuleInfo, NodeStatus, Status};
+pub use status::{LeaseState, ModuleInfo, NodeStatus, Readiness, ReadyState, Status};
 
 /// State shared by the instance and its coordination loop.
 ///
@@ -204,8 +204,13 @@ impl NodeShared {
     }
 }
 
+/// How long [`Instance::kill_key_and_wait`] waits for a killed process to
+/// be gone (it traps at the next epoch tick; one stuck in a host call takes
+/// longer, and then the kill answers without waiting further).
+pub const KILL_REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// One stored alarm of a key, as operators see it.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct StoredAlarmView {
     /// The alarm's name.
     pub name: String,
@@ -321,6 +326,27 @@ impl Instance {
             .is_ok_and(|slot| slot.kill(key, "killed by an operator"));
         self.shared.runtime.engine.increment_epoch();
         killed
+    }
+
+    /// [`kill_key`](Self::kill_key), then wait (at most [`KILL_REAP_WAIT`])
+    /// until the killed process is gone, so that a message sent after this
+    /// returns starts a fresh process. Without the wait it could be queued
+    /// on the dying process and fail with `key_died` (found by Schemathesis:
+    /// a call, a kill, a call answered `500`).
+    pub async fn kill_key_and_wait(&self, module: &str, key: &str) -> bool {
+        let Ok(slot) = self.shared.module(module) else {
+            return false;
+        };
+        let Some(generation) = slot.kill_generation(key, "killed by an operator") else {
+            self.shared.runtime.engine.increment_epoch();
+            return false;
+        };
+        self.shared.runtime.engine.increment_epoch();
+        let deadline = tokio::time::Instant::now() + KILL_REAP_WAIT;
+        while slot.holds_generation(key, generation) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        true
     }
 
     /// Stop a key gracefully: `handoff` (if `with_handoff`), then
@@ -450,6 +476,7 @@ impl Instance {
             message,
             reply,
             via: Via::LocalHandle,
+            trace: crate::trace::current(),
         };
         mailbox
             .try_send(envelope)

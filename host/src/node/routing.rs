@@ -6,9 +6,11 @@
 //! (`admit_activation`), local delivery, calls and casts on whichever node
 //! owns the key (forwarded to the owner, with one bounded retry on a stale
 //! table), and serving a peer's forwarded request, which is routed again and
-//! never forwarded. It must not change ownership itself: the lease, the table
-//! and moves are `coordination.rs`'s and `moves.rs`'s, which it only reads or
-//! asks (a stale table is refreshed through `coordination.rs`).
+//! never forwarded; each carries its request's trace context (`crate::trace`)
+//! to the owner and into the key's message. It must not change ownership
+//! itself: the lease, the table and moves are `coordination.rs`'s and
+//! `moves.rs`'s, which it only reads or asks (a stale table is refreshed
+//! through `coordination.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +22,8 @@ use crate::config::validate_key;
 use crate::error::{Error, Result};
 use crate::key::{Envelope, KeyNode, ModuleSlot, NodeFuture, Via};
 use crate::sync::lock;
-use crate::wire::{CacheOp, CacheOutcome, PeerRequest};
+use crate::trace::TraceContext;
+use crate::wire::{CacheOp, CacheOutcome, PeerRequest, WireTrace};
 
 impl NodeShared {
     /// Decide where a message for `key` goes, as of now. A partition being
@@ -78,7 +81,16 @@ impl NodeShared {
         self.check_message(&message)?;
         validate_key(key)?;
         let started = std::time::Instant::now();
-        let span = tracing::debug_span!("call", node = %self.node_id, module, key);
+        // The trace of the request served (`crate::trace`): the owner's
+        // serving and the key's log lines and calls carry it.
+        let trace = crate::trace::current();
+        let span = tracing::debug_span!(
+            "call",
+            node = %self.node_id,
+            module,
+            key,
+            trace_id = trace.map(|t| tracing::field::display(t.trace_hex()))
+        );
         let (reply, route) = tracing::Instrument::instrument(
             async {
                 let request = || PeerRequest::Call {
@@ -86,6 +98,7 @@ impl NodeShared {
                     key: key.to_owned(),
                     message: message.clone(),
                     timeout_ms: timeout.as_millis() as u64,
+                    trace: trace.map(Into::into),
                 };
                 // Routed once here: a local call (the common case) goes
                 // straight on with this route; `forward` routes for itself.
@@ -101,7 +114,8 @@ impl NodeShared {
                     here => here,
                 };
                 (
-                    self.call_local(module, key, message, timeout, here).await,
+                    self.call_local(module, key, message, timeout, here, trace)
+                        .await,
                     crate::metrics::CallRoute::Local,
                 )
             },
@@ -152,7 +166,7 @@ impl NodeShared {
     }
 
     /// Serve a call here, on `route` (this node's routing of `key`, just
-    /// decided).
+    /// decided), in `trace`.
     async fn call_local(
         self: &Arc<Self>,
         module: &str,
@@ -160,6 +174,7 @@ impl NodeShared {
         message: Vec<u8>,
         timeout: Duration,
         route: Route,
+        trace: Option<TraceContext>,
     ) -> Result<Vec<u8>> {
         validate_key(key)?;
         let slot = self.module(module)?;
@@ -190,8 +205,15 @@ impl NodeShared {
         // bounded by `timeout` plus that slice. A `Pending` goes back to the
         // executor before the call is polled again: the call may have
         // yielded on purpose (`yield_after_inline`).
-        let mut call =
-            std::pin::pin!(slot.call(&self.services, key, partition, token, message, Via::Routed));
+        let mut call = std::pin::pin!(slot.call(
+            &self.services,
+            key,
+            partition,
+            token,
+            message,
+            Via::Routed,
+            trace
+        ));
         let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
         let reply = std::future::poll_fn(|cx| {
             if let std::task::Poll::Ready(reply) = call.as_mut().poll(cx) {
@@ -227,12 +249,14 @@ impl NodeShared {
     pub(crate) fn cast(self: &Arc<Self>, module: &str, key: &str, message: Vec<u8>) -> Result<()> {
         self.check_message(&message)?;
         validate_key(key)?;
+        let trace = crate::trace::current();
         if let Route::Forward { owner, .. } = self.route(key) {
             let addr = self.peer_addr_of(&owner)?;
             let request = PeerRequest::Cast {
                 module: module.to_owned(),
                 key: key.to_owned(),
                 message,
+                trace: trace.map(Into::into),
             };
             let node = self.clone();
             let timeout = self.config.call_timeout;
@@ -243,7 +267,7 @@ impl NodeShared {
             });
             return Ok(());
         }
-        self.deliver_local(module, key, Envelope::Cast { message })
+        self.deliver_local(module, key, Envelope::Cast { message, trace })
     }
 
     /// Serve a request forwarded by a peer: only if this node owns the key
@@ -258,19 +282,23 @@ impl NodeShared {
                 key,
                 message,
                 timeout_ms,
+                trace,
             } => {
                 self.check_message(&message)?;
                 let timeout = Duration::from_millis(timeout_ms).min(self.config.call_timeout);
                 let started = std::time::Instant::now();
+                // The caller's trace, in a span of this node's own.
+                let trace = served_trace(trace);
                 let span = tracing::debug_span!(
                     "serve",
                     node = %self.node_id,
                     module = %module,
                     key = %key,
-                    from = "peer"
+                    from = "peer",
+                    trace_id = trace.map(|t| tracing::field::display(t.trace_hex()))
                 );
                 let reply = tracing::Instrument::instrument(
-                    self.call_local(&module, &key, message, timeout, self.route(&key)),
+                    self.call_local(&module, &key, message, timeout, self.route(&key), trace),
                     span,
                 )
                 .await;
@@ -286,9 +314,11 @@ impl NodeShared {
                 module,
                 key,
                 message,
+                trace,
             } => {
                 self.check_message(&message)?;
-                self.deliver_local(&module, &key, Envelope::Cast { message })
+                let trace = served_trace(trace);
+                self.deliver_local(&module, &key, Envelope::Cast { message, trace })
                     .map(|()| Vec::new())
             }
             PeerRequest::Handoff { entries, manifest } => {
@@ -433,6 +463,15 @@ fn check_module_message(slot: &ModuleSlot, message: &[u8]) -> Result<()> {
         }),
         _ => Ok(()),
     }
+}
+
+/// The trace a peer's request carries, in a span of this node's own; none
+/// if it carries none or an invalid one (never a refusal).
+fn served_trace(trace: Option<WireTrace>) -> Option<TraceContext> {
+    trace
+        .as_ref()
+        .and_then(TraceContext::from_wire)
+        .map(|t| t.child())
 }
 
 /// Whether a forwarding error suggests this node's table is stale.

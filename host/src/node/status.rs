@@ -3,7 +3,9 @@
 //!
 //! This file owns what a status says (the lease, the table, moves, handoff
 //! states, host memory, CPU, members, keys, cache, topics, modules) and how
-//! it is read from the node's state. It must not change anything it reads.
+//! it is read from the node's state, and the node's [`Readiness`] (what
+//! `GET /v1/ready` answers a load balancer, [`crate::probes`]). It must not
+//! change anything it reads.
 
 use std::time::SystemTime;
 
@@ -17,7 +19,7 @@ use crate::key::ModuleSlot;
 use crate::sync::lock;
 
 /// What `status` reports about the node's lease.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseState {
     /// Not granted yet.
@@ -28,8 +30,83 @@ pub enum LeaseState {
     Fenced,
 }
 
+/// Why a node is or is not ready to serve, as `GET /v1/ready` reports it.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadyState {
+    /// The lease is current and the node has read the partition table: it
+    /// serves (its own keys, and forwards the others to their owners).
+    Serving,
+    /// The node has no lease yet, or has not yet read the partition table
+    /// since it got one.
+    Joining,
+    /// The node cannot prove its lease current (it fenced, and has not yet
+    /// been granted a new lease): it refuses every key with `503 fenced`.
+    Fenced,
+    /// The node is leaving the cluster: its keys are moving to other nodes.
+    Leaving,
+    /// The node was asked to stop and is shutting down.
+    Stopping,
+}
+
+/// The answer of `GET /v1/ready`: whether a load balancer should send this
+/// node requests, and why not.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct Readiness {
+    /// Whether the node serves (`state` is `serving`); `200` if so, `503`
+    /// otherwise.
+    pub ready: bool,
+    /// What the node is doing.
+    pub state: ReadyState,
+    /// The lease as `status` reports it.
+    pub lease: LeaseState,
+    /// Why, in words.
+    pub reason: String,
+}
+
+impl Readiness {
+    /// The readiness of a node in `lease`, given whether it has read the
+    /// table since it joined (`table_read`), is leaving, or was asked to
+    /// stop. A stop outranks a leave, a leave a fence, a fence a join.
+    pub(crate) fn of(lease: LeaseState, table_read: bool, leaving: bool, stopping: bool) -> Self {
+        let (state, reason) = if stopping {
+            (ReadyState::Stopping, "the node is shutting down")
+        } else if leaving {
+            (
+                ReadyState::Leaving,
+                "the node is leaving the cluster: its keys are moving to other nodes",
+            )
+        } else {
+            match lease {
+                LeaseState::Fenced => (
+                    ReadyState::Fenced,
+                    "the node is fenced: it cannot prove its lease current and serves no key until the arbiter grants it a new one",
+                ),
+                LeaseState::Pending => (
+                    ReadyState::Joining,
+                    "the node is joining: the arbiter has not granted it a lease yet",
+                ),
+                LeaseState::Current if !table_read => (
+                    ReadyState::Joining,
+                    "the node is joining: it holds a lease but has not read the partition table yet",
+                ),
+                LeaseState::Current => (
+                    ReadyState::Serving,
+                    "the lease is current and the node serves",
+                ),
+            }
+        };
+        Readiness {
+            ready: state == ReadyState::Serving,
+            state,
+            lease,
+            reason: reason.to_owned(),
+        }
+    }
+}
+
 /// A deployed module, as reported by `status`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ModuleInfo {
     /// Module name.
     pub name: String,
@@ -45,8 +122,9 @@ pub struct ModuleInfo {
     pub compile_cached: bool,
     /// SHA-256 of the component, lowercase hex.
     pub content_hash: String,
-    /// When that version was deployed.
+    /// When that version was deployed (RFC 3339, UTC).
     #[serde(with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub deployed_at: SystemTime,
     /// Live keys of the module on this node.
     pub live_keys: usize,
@@ -60,7 +138,7 @@ pub struct ModuleInfo {
 }
 
 /// A live node of the namespace, as `status` reports it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct NodeStatus {
     /// Its id.
     pub id: String,
@@ -77,7 +155,7 @@ pub struct NodeStatus {
 }
 
 /// A snapshot of a node, for `fief status` and `GET /v1/status`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Status {
     /// The namespace.
     pub namespace: String,
@@ -221,6 +299,29 @@ impl Instance {
     }
 }
 
+impl Instance {
+    /// Whether this node serves, for a load balancer's readiness probe
+    /// (`GET /v1/ready`): ready only while its lease is current, it has read
+    /// the partition table, and it is neither leaving nor stopping.
+    pub fn readiness(&self) -> Readiness {
+        let shared = &self.shared;
+        let now = shared.clock.now();
+        let (lease, rejoining, leaving) = {
+            let mut m = lock(&shared.membership);
+            (m.status(now), m.fenced_this_lease(), m.is_leaving())
+        };
+        let lease = match lease {
+            LeaseStatus::Pending if rejoining => LeaseState::Fenced,
+            LeaseStatus::Pending => LeaseState::Pending,
+            LeaseStatus::Current { .. } => LeaseState::Current,
+            LeaseStatus::Fenced { .. } => LeaseState::Fenced,
+        };
+        let table_read = *shared.ready.borrow();
+        let stopping = *shared.stop_requested.borrow();
+        Readiness::of(lease, table_read, leaving, stopping)
+    }
+}
+
 pub(crate) fn module_info(slot: &ModuleSlot) -> ModuleInfo {
     let current = slot.current();
     ModuleInfo {
@@ -235,5 +336,30 @@ pub(crate) fn module_info(slot: &ModuleSlot) -> ModuleInfo {
         options: current.options.clone(),
         cpu_seconds: 0.0,
         throttled_seconds: 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseState, Readiness, ReadyState};
+
+    /// Ready only when serving; a stop outranks a leave, a leave a fence,
+    /// and a lease without a table read is still joining (issue 22 item 6).
+    #[test]
+    fn readiness_says_why_a_node_does_not_serve() {
+        let state = |lease, table_read, leaving, stopping| {
+            let r = Readiness::of(lease, table_read, leaving, stopping);
+            assert_eq!(r.ready, r.state == ReadyState::Serving);
+            r.state
+        };
+        use LeaseState::{Current, Fenced, Pending};
+        assert_eq!(state(Current, true, false, false), ReadyState::Serving);
+        assert_eq!(state(Current, false, false, false), ReadyState::Joining);
+        assert_eq!(state(Pending, false, false, false), ReadyState::Joining);
+        assert_eq!(state(Pending, true, false, false), ReadyState::Joining);
+        assert_eq!(state(Fenced, true, false, false), ReadyState::Fenced);
+        assert_eq!(state(Fenced, true, true, false), ReadyState::Leaving);
+        assert_eq!(state(Current, true, true, false), ReadyState::Leaving);
+        assert_eq!(state(Current, true, true, true), ReadyState::Stopping);
     }
 }

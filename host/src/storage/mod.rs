@@ -304,14 +304,38 @@ pub(crate) async fn open(config: &crate::NodeConfig) -> crate::Result<std::sync:
 pub const MAX_STATE_READ: u32 = 1000;
 
 /// One stored entry, as operators read it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct StoredEntry {
     /// The entry's name.
     pub name: String,
-    /// Its value, as stored.
+    /// Its value, as stored: `{"utf8": "…"}` when it is UTF-8 text,
+    /// `{"hex": "…"}` otherwise.
     #[serde(with = "value_text")]
+    #[schema(value_type = StoredValue)]
     pub value: Vec<u8>,
 }
+
+/// The JSON form of a [`StoredEntry`]'s value, for the API's OpenAPI
+/// document: only its schema is used (`value_text` serializes).
+pub struct StoredValue;
+
+impl utoipa::PartialSchema for StoredValue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let schema = serde_json::json!({
+            "description": "`{\"utf8\": text}` when the value is UTF-8, `{\"hex\": lowercase hex}` otherwise",
+            "oneOf": [
+                {"type": "object", "required": ["utf8"], "additionalProperties": false,
+                 "properties": {"utf8": {"type": "string"}}},
+                {"type": "object", "required": ["hex"], "additionalProperties": false,
+                 "properties": {"hex": {"type": "string", "pattern": "^([0-9a-f]{2})*$"}}}
+            ]
+        });
+        serde_json::from_value(schema)
+            .unwrap_or_else(|_| utoipa::openapi::schema::Object::new().into())
+    }
+}
+
+impl utoipa::ToSchema for StoredValue {}
 
 /// Values travel in JSON as `{"utf8": "..."}` when they are UTF-8 and as
 /// `{"hex": "..."}` otherwise.
@@ -358,9 +382,10 @@ pub(crate) async fn read_for_operator(
     prefix: &str,
     limit: u32,
 ) -> crate::Result<Vec<StoredEntry>> {
-    if key.is_empty() || prefix.len() > MAX_NAME_BYTES {
+    crate::config::validate_key(key)?;
+    if prefix.len() > MAX_NAME_BYTES {
         return Err(crate::Error::InvalidKey(format!(
-            "a state read names a key, and a prefix of at most {MAX_NAME_BYTES} bytes"
+            "a state read's prefix is at most {MAX_NAME_BYTES} bytes"
         )));
     }
     if limit == 0 || limit > MAX_STATE_READ {

@@ -132,8 +132,10 @@ pub(crate) async fn deploy(args: DeployArgs) -> anyhow::Result<()> {
         let module = args.module.clone();
         let client = client.clone();
         async move {
-            let options: Vec<(&str, &str)> =
-                query.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let options: Vec<(&str, &str)> = query
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
             client
                 .deploy_with_progress(&module, wasm, &options, move |sent, _| {
                     let _ = tx.send(sent);
