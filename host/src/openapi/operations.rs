@@ -10,6 +10,18 @@ use utoipa::ToSchema;
 
 use super::errors::ROUTED;
 
+/// What refuses a message to a key (a call or a cast) before the key sees
+/// it.
+const MESSAGE_REFUSALS: &[&str] = &[
+    "invalid_module_name",
+    "unknown_module",
+    "invalid_key",
+    "message_too_large",
+    "overloaded",
+    "host_memory",
+    "too_many_keys",
+];
+
 /// Who may call an operation.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Access {
@@ -341,14 +353,8 @@ pub(super) fn operations_table() -> Vec<Op> {
         ),
     ));
     o.errors = [
+        MESSAGE_REFUSALS,
         &[
-            "invalid_module_name",
-            "unknown_module",
-            "invalid_key",
-            "message_too_large",
-            "overloaded",
-            "host_memory",
-            "too_many_keys",
             "init_refused",
             "rejected",
             "key_died",
@@ -378,19 +384,7 @@ pub(super) fn operations_table() -> Vec<Op> {
             key_links(),
         ),
     ));
-    o.errors = [
-        &[
-            "invalid_module_name",
-            "unknown_module",
-            "invalid_key",
-            "message_too_large",
-            "overloaded",
-            "host_memory",
-            "too_many_keys",
-        ][..],
-        ROUTED,
-    ]
-    .concat();
+    o.errors = [MESSAGE_REFUSALS, ROUTED].concat();
     ops.push(o);
     let mut o = op(
         "get",
