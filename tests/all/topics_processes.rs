@@ -37,8 +37,8 @@
 //! speed. The test takes the process tests' lock (`processes::SERIAL`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use fief::core::PartitionCount;
@@ -650,6 +650,119 @@ async fn publications_reach_every_node_once_through_a_kill_and_a_leave() {
         nodes[0].node_id,
         nodes[1].node_id,
         started.elapsed()
+    );
+    drop(nodes);
+    drop_namespace(&db, &namespace).await;
+}
+
+/// "None reaches a process after its node fenced", with real processes: n3
+/// is paused (SIGSTOP) past its TTL while a publisher on n1 keeps
+/// publishing to n3's subscribers (`terminate` keys that log every event:
+/// `log-events`). Publications made after the pause began can reach n3 only
+/// after it resumes — past its fence point: whatever its peers had already
+/// written into its socket is refused (`Error::Fenced`), and its processes
+/// are killed by the fence — so n3's log shows none of them, though it
+/// shows those made before the pause.
+///
+/// Three checks hold this, each enough alone: a fenced node refuses a
+/// forwarded batch (`node/topics.rs`; alone it fails
+/// `topics_cluster.rs::a_fenced_node_takes_no_forwarded_publication_and_its_interest_goes_with_its_lease`),
+/// a `terminate` key's task dies rather than handle an envelope past the
+/// fence point (`key/task.rs`), and the epoch callback interrupts its guest
+/// code there (`key/process.rs`). This test is the end-to-end guard over
+/// all three with real processes and sockets, not a test of one: with all
+/// three taken out it still passed 1 of 1 runs, because on resume the
+/// fence sweep killed the subscribers before the one batch in flight was
+/// read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_publication_reaches_a_process_after_its_node_fenced() {
+    let _serial = SERIAL.lock().await;
+    let db = test_database().await;
+    let namespace = unique_namespace("topics-fence");
+    let specs: Vec<NodeSpec> = (1..=3)
+        .map(|i| spec(&namespace, &format!("n{i}")))
+        .collect();
+    let mut nodes = start_nodes(&specs).await;
+    let table = Table::read(&db, &namespace).await;
+    let subscribers = table.keys_of("n3", "fenced-sub-", 4);
+    let publisher = table.keys_of("n1", "fenced-pub-", 1).remove(0);
+    for key in &subscribers {
+        assert_eq!(
+            call_until_ok(&nodes[2], "probe", key, &format!("subscribe {TOPIC}")).await,
+            "ok"
+        );
+        assert_eq!(
+            call_until_ok(&nodes[2], "probe", key, "log-events").await,
+            "ok"
+        );
+    }
+    wait_full_count(&nodes[0], &publisher, subscribers.len(), "warm").await;
+
+    // Publish through n1 (the publisher's owner) every PACE, noting when
+    // each publish was invoked.
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = nodes[0].url.clone();
+    let publishing = tokio::spawn({
+        let (stop, publisher) = (stop.clone(), publisher.clone());
+        async move {
+            let client = reqwest::Client::new();
+            let mut invoked = Vec::new();
+            let mut i = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let payload = format!("f{i}");
+                invoked.push((payload.clone(), Instant::now()));
+                let message = format!("publish {TOPIC} {payload}");
+                let _ = call_url(&client, &url, "probe", &publisher, &message, CALL_LIMIT).await;
+                i += 1;
+                tokio::time::sleep(PACE).await;
+            }
+            invoked
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let paused_at = Instant::now();
+    nodes[2].signal("STOP");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    nodes[2].signal("CONT");
+    nodes[2].wait_current(START_LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::SeqCst);
+    let invoked = publishing.await.expect("the publisher task");
+
+    let log = nodes[2].log_text();
+    assert!(log.contains("node fenced"), "n3 fenced after its pause");
+    let got: Vec<&str> = log
+        .lines()
+        .filter_map(|line| line.split(&format!("probe event pub:{TOPIC}:")).nth(1))
+        .map(|rest| {
+            rest.split_whitespace()
+                .next()
+                .unwrap_or("")
+                .trim_end_matches(|c: char| !c.is_alphanumeric())
+        })
+        .collect();
+    let before: Vec<&str> = invoked
+        .iter()
+        .filter(|(_, at)| *at < paused_at)
+        .map(|(p, _)| p.as_str())
+        .collect();
+    assert!(
+        before.iter().any(|p| got.contains(p)),
+        "n3's subscribers logged none of the publications before the pause: {got:?}"
+    );
+    let late: Vec<&str> = invoked
+        .iter()
+        .filter(|(p, at)| *at >= paused_at && got.contains(&p.as_str()))
+        .map(|(p, _)| p.as_str())
+        .collect();
+    assert!(
+        late.is_empty(),
+        "publications made after n3 paused reached its processes after its fence: {late:?}"
+    );
+    eprintln!(
+        "fenced pub/sub: {} publications, {} logged on n3 before its pause, none after",
+        invoked.len(),
+        got.len()
     );
     drop(nodes);
     drop_namespace(&db, &namespace).await;

@@ -20,6 +20,7 @@
 //! | `log <text>`                   | `ok`, after logging `<text>` at info level       |
 //! | `print <text>`                 | `ok`, after `println!` to the guest's stdout     |
 //! | `events`                       | every event so far, one per line, in order       |
+//! | `log-events`                   | `ok`; from now on each event is also logged (`probe event <event>`, info) |
 //! | `fail <text>`                  | the error `<text>` (`call-error.rejected`)       |
 //! | `init-state`                   | the handoff state `init` got (lossy UTF-8), or `none` |
 //! | `on-fence continue` / `on-fence stop` | `ok`; sets the answer to `handle-fence`   |
@@ -65,6 +66,10 @@ struct Probe {
     events: Vec<String>,
     /// The answer to the next `handle-fence`.
     fence_answer: FenceAnswer,
+    /// Whether each event is also logged (`log-events`), so a test can see
+    /// when a process got it from the node's log, even after the process
+    /// is gone.
+    log_events: bool,
 }
 
 /// How `handle-fence` answers.
@@ -106,6 +111,14 @@ fn reply_or_error<T, E: core::fmt::Display>(
 }
 
 impl Probe {
+    /// Record `event` (and log it, after `log-events`).
+    fn record(&mut self, event: String) {
+        if self.log_events {
+            host::log::info(&format!("probe event {event}"));
+        }
+        self.events.push(event);
+    }
+
     /// Runs one `handle-call` command; returns the reply text.
     fn command(&mut self, text: &str) -> Result<String, String> {
         let (command, args) = split_word(text);
@@ -162,6 +175,10 @@ impl Probe {
             }
             "log" => {
                 host::log::info(args);
+                "ok".to_owned()
+            }
+            "log-events" => {
+                self.log_events = true;
                 "ok".to_owned()
             }
             "print" => {
@@ -235,6 +252,7 @@ impl Key for Probe {
             init_state: handoff,
             events: Vec::new(),
             fence_answer: FenceAnswer::Stop,
+            log_events: false,
         })
     }
 
@@ -244,8 +262,7 @@ impl Key for Probe {
     }
 
     fn handle_cast(&mut self, message: Vec<u8>) {
-        self.events
-            .push(format!("cast:{}", String::from_utf8_lossy(&message)));
+        self.record(format!("cast:{}", String::from_utf8_lossy(&message)));
     }
 
     fn handle_info(&mut self, info: Info) {
@@ -257,7 +274,7 @@ impl Key for Probe {
                 String::from_utf8_lossy(&publication.payload)
             ),
         };
-        self.events.push(event);
+        self.record(event);
     }
 
     fn handle_connection(&mut self, event: Event) {
