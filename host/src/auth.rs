@@ -531,23 +531,6 @@ pub(crate) async fn authenticate(
     }
 }
 
-/// Axum middleware for routes that show the whole cluster (the dashboard
-/// and its event stream): `403` for a tenant. Runs inside
-/// [`authenticate`], which put the [`Identity`] in the extensions.
-pub(crate) async fn admin_only(request: Request, next: Next) -> Response {
-    let who = request.extensions().get::<Identity>().cloned();
-    match who {
-        Some(who) => match who.require_admin(&format!(
-            "{} (the whole cluster's view)",
-            request.uri().path()
-        )) {
-            Ok(()) => next.run(request).await,
-            Err(e) => e.into_response(),
-        },
-        None => Error::Internal("no identity on the request".to_owned()).into_response(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,14 +18,14 @@
 //! | `PUT /v1/cache/{namespace}/{key}?ttl=10s` | write (raw body); `If-Match` / `If-None-Match: *` for compare-and-set (`412` on conflict) |
 //! | `DELETE /v1/cache/{namespace}/{key}` | delete (`If-Match` honoured) |
 //! | `GET /metrics` | Prometheus metrics (OpenMetrics text, see [`crate::metrics`]); admin |
-//! | `GET /` | the live dashboard page (see [`crate::dashboard`]) |
-//! | `GET /v1/cluster` | the cluster as this node sees it ([`ClusterView`](crate::dashboard::ClusterView)); admin |
-//! | `GET /v1/cluster/events` | the same, as server-sent `snapshot` events every 500 ms; admin |
+//! | `GET /` | the live dashboard page (see [`crate::dashboard`]); no token needed (it asks for one) |
+//! | `GET /v1/cluster` | the cluster as this node sees it ([`ClusterView`](crate::dashboard::ClusterView)); a tenant sees only its own modules |
+//! | `GET /v1/cluster/events` | the same, as server-sent `snapshot` events every 500 ms; filtered the same way |
 //! | `GET /v1/health`, `GET /v1/ready` | liveness and readiness probes (`probes.rs`); no token needed |
 //! | `GET /v1/openapi.json` | the OpenAPI 3.1 document of all of the above ([`crate::openapi`]); no token needed |
 //!
-//! With tokens configured ([`crate::auth`]), every request but the probes
-//! and the document needs
+//! With tokens configured ([`crate::auth`]), every request but the probes,
+//! the document and the dashboard's page and assets needs
 //! `Authorization: Bearer TOKEN` (`401 unauthorized` otherwise); a tenant's
 //! module, key and cache names are scoped to the tenant, another tenant's
 //! module answers `404`, and `leave` needs an admin token (`403`). The
@@ -105,10 +105,7 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         .route("/v1/leave", post(leave))
         .route("/v1/limbo", get(limbo))
         .route("/metrics", get(metrics))
-        .merge(
-            crate::dashboard::routes()
-                .route_layer(axum::middleware::from_fn(crate::auth::admin_only)),
-        )
+        .merge(crate::dashboard::routes())
         .route(
             "/v1/cache/{namespace}/{key}",
             get(cache_get).put(cache_put).delete(cache_delete),
@@ -131,6 +128,8 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         // Added after the authentication layer, so outside it: probes
         // carry no token.
         .merge(crate::probes::routes())
+        // The dashboard's page and assets hold no data: no token either.
+        .merge(crate::dashboard::page_routes())
         .with_state(instance)
 }
 

@@ -62,6 +62,7 @@ const TABLE: &[(&str, Row)] = &[
     ("http_modules", Row::Node),
     ("listener", Row::Node),
     ("dashboard", Row::Node),
+    ("dashboard_history", Row::Node),
     ("probes", Row::Node),
     ("openapi", Row::Node),
     ("fuzz", Row::Node),

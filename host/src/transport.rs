@@ -35,7 +35,8 @@ use crate::node::NodeShared;
 use crate::peer_auth::{PeerFramed, PeerSecurity};
 use crate::sync::lock;
 use crate::wire::{
-    FEATURE_CONNECTIONS, FEATURE_TOPICS, Frame, PeerRequest, WireError, codec, decode_frame, encode,
+    FEATURE_CONNECTIONS, FEATURE_HISTORY, FEATURE_TOPICS, Frame, PeerRequest, WireError, codec,
+    decode_frame, encode,
 };
 
 /// Frames that may wait to be written on one connection.
@@ -254,7 +255,7 @@ impl PeerPool {
             body: PeerRequest::Hello {
                 namespace: self.namespace.clone(),
                 node: self.me.clone(),
-                features: FEATURE_TOPICS | FEATURE_CONNECTIONS,
+                features: FEATURE_TOPICS | FEATURE_CONNECTIONS | FEATURE_HISTORY,
             },
         })
         .map_err(|_| Error::Internal("a new peer queue is full".to_owned()))?;

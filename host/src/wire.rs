@@ -120,7 +120,31 @@ pub(crate) enum PeerRequest {
     /// attached to the moving keys, for their next owner (before it serves
     /// them); the response is empty.
     Attach { attachments: Vec<WireAttachment> },
+    /// The dashboard: the receiver's last minutes of figures, one sample a
+    /// second, oldest first (at most `dashboard_history::HISTORY_SAMPLES`);
+    /// the response is a [`WireHistory`]. Sent only to a peer whose hello
+    /// said [`FEATURE_HISTORY`].
+    History,
 }
+
+/// The [`PeerRequest::Hello`] feature bit of the dashboard's history
+/// ([`PeerRequest::History`]).
+pub(crate) const FEATURE_HISTORY: u64 = 4;
+
+/// One second of a node's figures, as one peer tells another (see
+/// `dashboard_history.rs`, which converts it).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WireSample {
+    pub(crate) at_ms: u64,
+    pub(crate) calls: u64,
+    pub(crate) p99_us: Option<u64>,
+    pub(crate) live_keys: u64,
+    pub(crate) fences: u64,
+}
+
+/// The answer to [`PeerRequest::History`]: the samples, oldest first.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WireHistory(pub(crate) Vec<WireSample>);
 
 /// A W3C trace context as it crosses the wire (`crate::trace` converts it
 /// and refuses all-zero ids).
@@ -828,5 +852,31 @@ mod tests {
         assert_eq!(node, "n2");
         // A cut-short hello is still refused.
         assert!(decode_frame(&bytes[..bytes.len() - 3]).is_err());
+    }
+
+    #[test]
+    fn the_history_request_and_answer_round_trip_and_its_feature_bit_is_its_own() {
+        assert_eq!(FEATURE_HISTORY & (FEATURE_TOPICS | FEATURE_CONNECTIONS), 0);
+        let bytes = encode(&Frame::Request {
+            id: 7,
+            body: PeerRequest::History,
+        })
+        .unwrap();
+        assert!(matches!(
+            decode_frame(&bytes).unwrap(),
+            Frame::Request {
+                id: 7,
+                body: PeerRequest::History
+            }
+        ));
+        let answer = WireHistory(vec![WireSample {
+            at_ms: 1,
+            calls: 2,
+            p99_us: Some(3),
+            live_keys: 4,
+            fences: 5,
+        }]);
+        let bytes = postcard::to_allocvec(&answer).unwrap();
+        assert_eq!(postcard::from_bytes::<WireHistory>(&bytes).unwrap(), answer);
     }
 }

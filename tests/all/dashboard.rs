@@ -99,7 +99,8 @@ async fn wait_for(client: &Client, what: &str, done: impl Fn(&Shown) -> bool) ->
     }
 }
 
-async fn screenshot(client: &Client, name: &str) -> PathBuf {
+/// Save a screenshot of the page as `target/dashboard-screenshots/NAME`.
+pub(crate) async fn screenshot(client: &Client, name: &str) -> PathBuf {
     let dir = workspace_root()
         .join("target")
         .join("dashboard-screenshots");

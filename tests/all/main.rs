@@ -18,6 +18,7 @@ mod compile_cache;
 mod config;
 mod counter_history;
 mod dashboard;
+mod dashboard_tokens;
 mod deploy;
 mod eviction;
 mod fair_cpu;

@@ -209,7 +209,7 @@ async fn the_dashboard_page_is_embedded() {
     let server = HttpServer::start(node).await;
     for (path, kind, needle) in [
         ("/", "text/html", "/dashboard.js"),
-        ("/dashboard.js", "text/javascript", "EventSource"),
+        ("/dashboard.js", "text/javascript", "/v1/cluster"),
         ("/dashboard.css", "text/css", "#grid"),
     ] {
         let response = reqwest::get(server.url(path)).await.expect("GET");

@@ -322,6 +322,86 @@ async fn the_cache_is_scoped_per_tenant_over_http_and_in_guests() {
     assert_eq!(reply, "1");
 }
 
+/// Issue 22 item 5: the dashboard's snapshot takes any token and shows the
+/// caller what it may see: a tenant only its own modules (no other
+/// tenant's name anywhere in it, no node-wide history), the admin
+/// everything; a wrong token is `401`; the page itself needs none.
+#[tokio::test]
+async fn a_tenants_cluster_view_shows_only_its_own_modules() {
+    let (_node, api) = tenant_node().await;
+    let counter = guests::bytes(guests::COUNTER);
+    assert_eq!(api.deploy(ACME, "counter", &counter).await.0, 200);
+    assert_eq!(api.deploy(GLOBEX, "ledger", &counter).await.0, 200);
+    assert_eq!(api.call(ACME, "counter", "alice", "incr").await.0, 200);
+    assert_eq!(api.call(GLOBEX, "ledger", "bob", "incr").await.0, 200);
+
+    for path in ["/v1/cluster", "/v1/cluster/events"] {
+        for token in [None, Some("not-a-token-0123456789")] {
+            let (status, body) = api
+                .send(reqwest::Method::GET, path, token, Vec::new())
+                .await;
+            assert_eq!(
+                (status, error_code(&body).as_str()),
+                (401, "unauthorized"),
+                "{path}: {body}"
+            );
+        }
+    }
+    for path in ["/", "/dashboard.js", "/dashboard.css"] {
+        let (status, _) = api.send(reqwest::Method::GET, path, None, Vec::new()).await;
+        assert_eq!(status, 200, "{path} needs no token");
+    }
+
+    let (status, body) = api
+        .send(reqwest::Method::GET, "/v1/cluster", Some(ACME), Vec::new())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !body.contains("globex") && !body.contains("ledger"),
+        "another tenant's module shows in acme's view: {}",
+        &body[body.find("\"limbo\"").unwrap_or(0)..]
+    );
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["viewer"], "tenant:acme");
+    let names: Vec<&str> = view["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["counter"], "{view}");
+    assert_eq!(view["history"], serde_json::json!([]), "{view}");
+    assert!(!view["owners"].as_array().unwrap().is_empty());
+
+    // The event stream filters the same way: its first snapshot.
+    let mut events = api
+        .client
+        .get(format!("{}/v1/cluster/events", api.base))
+        .bearer_auth(GLOBEX)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = events.chunk().await.unwrap().expect("a snapshot event");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.contains("ledger") && !text.contains("acme"), "{text}");
+
+    let admin = api.get_json(ADMIN, "/v1/cluster").await;
+    assert_eq!(admin["viewer"], "admin");
+    let mut names: Vec<&str> = admin["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["acme/counter", "globex/ledger"], "{admin}");
+    assert_eq!(admin["history"].as_array().unwrap().len(), 1, "{admin}");
+}
+
 /// A writer for the captured log.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);

@@ -786,6 +786,22 @@ pub mod multiprocess {
             }
         }
 
+        /// Send `token` (`Authorization: Bearer`) with every request this
+        /// handle makes from now on: for a node started with `--tokens`.
+        pub fn use_token(&mut self, token: &str) {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {token}")
+                    .parse()
+                    .expect("a token fits a header"),
+            );
+            self.client = reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .expect("an HTTP client");
+        }
+
         /// `GET /v1/status`, or `None` if no answer came within 2 s.
         pub async fn status(&self) -> Option<serde_json::Value> {
             self.status_within(Duration::from_secs(2)).await

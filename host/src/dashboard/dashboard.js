@@ -1,6 +1,14 @@
-// Fief's live dashboard: renders the `snapshot` events of
-// /v1/cluster/events (see host/src/dashboard.rs). No dependencies.
+// Fief's live dashboard: polls GET /v1/cluster once a second and renders
+// the snapshot (see host/src/dashboard.rs). With tokens configured it asks
+// for one (kept in sessionStorage, sent as `Authorization: Bearer`). The
+// plots are inline SVG drawn here. No dependencies.
 "use strict";
+
+const POLL_MS = 1000;
+const WINDOW_MS = 5 * 60 * 1000;   // what the plots show
+const TOKEN_KEY = "fief-dashboard-token";
+// The SVG namespace, from the HTML parser (no URL spelled in the page).
+const SVG = (() => { const d = document.createElement("div"); d.innerHTML = "<svg></svg>"; return d.firstChild.namespaceURI; })();
 
 const palette = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
   "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#8c564b"];
@@ -103,6 +111,10 @@ function render(view) {
       el("td", {}, m.calls_served), el("td", {}, rate)));
   }
 
+  document.getElementById("modules-caption").textContent =
+    view.viewer.startsWith("tenant:") ? `(on this node, ${view.viewer.slice(7)}'s own)` : "(on this node)";
+  renderPlots(view);
+
   // Limbo.
   const lbody = document.querySelector("#limbo tbody");
   lbody.replaceChildren(...view.limbo.map((e) =>
@@ -114,19 +126,139 @@ function render(view) {
   document.body.setAttribute("data-snapshots", String(Number(document.body.getAttribute("data-snapshots") || 0) + 1));
 }
 
-function connect() {
-  const status = document.getElementById("connection");
-  const source = new EventSource("/v1/cluster/events");
-  source.addEventListener("open", () => {
-    status.textContent = "live";
-    status.setAttribute("data-state", "live");
-  });
-  source.addEventListener("snapshot", (e) => render(JSON.parse(e.data)));
-  source.addEventListener("error", () => {
-    // EventSource reconnects by itself.
-    status.textContent = "disconnected, retrying";
-    status.setAttribute("data-state", "disconnected");
-  });
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
 }
 
-connect();
+// Four line plots of the last WINDOW_MS: one line per node, in its colour.
+function renderPlots(view) {
+  const section = document.getElementById("plots-section");
+  const tenant = view.viewer.startsWith("tenant:");
+  section.hidden = tenant;
+  if (tenant) return;
+  const W = 300, H = 110, left = 34, bottom = 14, top = 6;
+  // The window is the last WINDOW_MS, or less while no node has samples
+  // that old (a young cluster's lines fill the plot).
+  const end = view.at_ms;
+  let oldest = end;
+  for (const h of view.history) if (h.samples && h.samples.length) oldest = Math.min(oldest, h.samples[0].at_ms);
+  const start = Math.max(end - WINDOW_MS, Math.min(oldest, end - 10000));
+  const span = end - start;
+  const x = (t) => left + (W - left) * Math.max(0, t - start) / span;
+  const ago = span >= 120000 ? `−${Math.round(span / 60000)} min` : `−${Math.round(span / 1000)} s`;
+  for (const figure of document.querySelectorAll("#plots .plot")) {
+    const metric = figure.dataset.metric;
+    let max = 0;
+    for (const h of view.history) for (const s of h.samples || []) {
+      if (s.at_ms >= start && s[metric] !== null) max = Math.max(max, Number(s[metric]));
+    }
+    const top_value = max > 0 ? max : 1;
+    const y = (v) => top + (H - top - bottom) * (1 - v / top_value);
+    const label = max >= 100 ? max.toFixed(0) : max >= 10 ? max.toFixed(1) : max.toFixed(2).replace(/\.?0+$/, "") || "0";
+    const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": figure.querySelector("figcaption").textContent },
+      svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: H - bottom }),
+      svg("line", { class: "axis", x1: left, y1: H - bottom, x2: W, y2: H - bottom }),
+      svg("text", { x: left - 3, y: top + 8, "text-anchor": "end", class: "max" }, label),
+      svg("text", { x: left - 3, y: H - bottom, "text-anchor": "end" }, "0"),
+      svg("text", { x: left, y: H - 2, class: "since" }, ago),
+      svg("text", { x: W - 2, y: H - 2, "text-anchor": "end" }, "now"));
+    for (const h of view.history) {
+      if (!h.samples) continue;
+      let d = "", pen = "M";
+      for (const s of h.samples) {
+        if (s.at_ms < start) continue;
+        if (s[metric] === null) { pen = "M"; continue; }
+        // A zero-length "l0 0" after each move: a lone point (a second
+        // with calls between quiet ones) shows as a dot (round caps).
+        d += `${pen}${x(s.at_ms).toFixed(1)} ${y(Number(s[metric])).toFixed(1)} ` + (pen === "M" ? "l0 0 " : "");
+        pen = "L";
+      }
+      if (d === "") continue;
+      chart.append(svg("path", { class: "line", "data-node": h.node, stroke: colour(h.node), d: d.trim() },
+        svg("title", {}, h.node)));
+    }
+    figure.querySelector(".chart").replaceChildren(chart);
+  }
+  document.getElementById("plots-legend").replaceChildren(...view.history.map((h) =>
+    el("span", { "data-node": h.node, class: h.samples ? "" : "nodata" },
+      el("span", { class: "swatch", style: `background:${colour(h.node)}` }),
+      ` ${h.node}` + (h.samples ? "" : " (no data)"))));
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+function showLogin(message) {
+  document.getElementById("login").hidden = false;
+  document.getElementById("main").hidden = true;
+  document.getElementById("login-error").textContent = message || "";
+  const status = document.getElementById("connection");
+  status.textContent = "token needed";
+  status.setAttribute("data-state", "disconnected");
+}
+
+function showMain() {
+  document.getElementById("login").hidden = true;
+  document.getElementById("main").hidden = false;
+  document.getElementById("sign-out").hidden = token() === null;
+}
+
+// One poll of GET /v1/cluster; the next is due POLL_MS later whatever
+// happened, except while the page waits for a token.
+async function poll() {
+  const status = document.getElementById("connection");
+  const headers = {};
+  const t = token();
+  if (t !== null) headers.Authorization = `Bearer ${t}`;
+  let response;
+  try {
+    response = await fetch("/v1/cluster", { headers, cache: "no-store" });
+  } catch (e) {
+    status.textContent = "disconnected, retrying";
+    status.setAttribute("data-state", "disconnected");
+    return true;
+  }
+  if (response.status === 401 || response.status === 403) {
+    let message = "";
+    try { message = ((await response.json()).error || {}).message || ""; } catch (e) { /* not JSON */ }
+    if (t !== null) sessionStorage.removeItem(TOKEN_KEY);
+    showLogin(t === null ? "" : `That token was refused: ${message || response.status}`);
+    return false;
+  }
+  if (!response.ok) {
+    status.textContent = `error ${response.status}, retrying`;
+    status.setAttribute("data-state", "disconnected");
+    return true;
+  }
+  const view = await response.json();
+  showMain();
+  status.textContent = "live";
+  status.setAttribute("data-state", "live");
+  document.getElementById("who").textContent = `as ${view.viewer}`;
+  render(view);
+  return true;
+}
+
+async function loop() {
+  if (await poll()) setTimeout(loop, POLL_MS);
+}
+
+document.getElementById("login").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const value = document.getElementById("token").value.trim();
+  if (value === "") return;
+  sessionStorage.setItem(TOKEN_KEY, value);
+  document.getElementById("token").value = "";
+  loop();
+});
+
+document.getElementById("sign-out").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  location.reload();
+});
+
+loop();

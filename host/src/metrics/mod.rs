@@ -43,8 +43,9 @@ mod striped;
 mod topics;
 
 pub(crate) use alarms::AlarmMetrics;
+use striped::StripedU64;
 pub(crate) use striped::{CallCounter, SecondsCounter};
-use striped::{LatencyHistogram, StripedU64};
+pub(crate) use striped::{LATENCY_BUCKETS, LatencyHistogram};
 pub(crate) use topics::{Dropped, TopicMetrics};
 
 /// The content type of [`Metrics::render`]'s text.
@@ -615,6 +616,24 @@ impl Metrics {
         self.api_connections_closed
             .get_or_create(&[("reason", reason.to_owned())])
             .inc();
+    }
+
+    /// The latency histogram's bucket counts so far of the calls this node
+    /// served (local and peer routes; a routed call is counted where it
+    /// was served), as [`LatencyHistogram::counts`].
+    pub(crate) fn served_latency_counts(&self) -> [u64; LATENCY_BUCKETS] {
+        let mut total = [0u64; LATENCY_BUCKETS];
+        for route in [CallRoute::Local, CallRoute::Peer] {
+            if let Some(histogram) = self
+                .call_seconds
+                .get(&[("route", route.label().to_owned())])
+            {
+                for (sum, n) in total.iter_mut().zip(histogram.counts()) {
+                    *sum += n;
+                }
+            }
+        }
+        total
     }
 
     /// Calls served on this node so far, per module.

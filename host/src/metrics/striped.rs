@@ -137,6 +137,10 @@ impl EncodeMetric for CallCounter {
 /// more, +Inf, follows them.
 const LATENCY_BOUNDS: usize = 18;
 
+/// How many buckets [`LatencyHistogram::counts`] returns (the bounded ones
+/// and +Inf).
+pub(crate) const LATENCY_BUCKETS: usize = LATENCY_BOUNDS + 1;
+
 /// A latency histogram (100 µs doubling to ~13 s), striped: an observation
 /// is two adds on the thread's own lines, with no lock.
 #[derive(Clone, Debug, Default)]
@@ -154,6 +158,17 @@ impl LatencyHistogram {
     /// The upper bound of bucket `i`, in seconds (`i` < [`LATENCY_BOUNDS`]).
     fn bound(i: usize) -> f64 {
         0.0001 * f64::from(1u32 << i)
+    }
+
+    /// The upper bound of bucket `i` in microseconds, `None` for the last
+    /// (+Inf) one.
+    pub(crate) fn bound_us(i: usize) -> Option<u64> {
+        (i < LATENCY_BOUNDS).then(|| 100u64 << i)
+    }
+
+    /// Each bucket's own count so far (not cumulative), +Inf last.
+    pub(crate) fn counts(&self) -> [u64; LATENCY_BUCKETS] {
+        std::array::from_fn(|i| self.0.buckets[i].get())
     }
 
     /// Count one observation of `elapsed`.

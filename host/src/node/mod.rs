@@ -151,6 +151,9 @@ pub(crate) struct NodeShared {
     stop_requested: watch::Sender<bool>,
     /// The coherent cache's entries this node holds as owner.
     pub(crate) cache: Mutex<CacheStore>,
+    /// The dashboard's last minutes of this node's figures
+    /// (`dashboard_history.rs`).
+    pub(crate) history: Mutex<crate::dashboard_history::History>,
 }
 
 /// The table of a published [`RoutingView`], held by its `Arc`.
@@ -256,6 +259,8 @@ pub struct Instance {
     topics_loop: AbortOnDrop,
     /// The connection outbox loop and its feeds (`node/sockets.rs`).
     sockets_loop: AbortOnDrop,
+    /// Samples the node for the dashboard's plots.
+    history_loop: AbortOnDrop,
     /// The guest threads. Dropped last (after a shutdown has waited for the
     /// key tasks), it drops whatever key task is left: a node dropped
     /// without a shutdown ends like a crash, and its threads with it.
@@ -556,6 +561,7 @@ impl Instance {
         self.alarm_loop.0.abort();
         self.topics_loop.0.abort();
         self.sockets_loop.0.abort();
+        self.history_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }
@@ -575,6 +581,7 @@ impl Instance {
         self.alarm_loop.0.abort();
         self.topics_loop.0.abort();
         self.sockets_loop.0.abort();
+        self.history_loop.0.abort();
         if let Some(server) = &self.peer_server {
             server.abort();
         }

@@ -348,6 +348,10 @@ impl NodeShared {
                 Ok(Vec::new())
             }
             PeerRequest::LoadedModules => Ok(self.loaded_modules()),
+            PeerRequest::History => Ok(postcard::to_allocvec(&crate::wire::WireHistory(
+                lock(&self.history).samples(),
+            ))
+            .unwrap_or_default()),
             PeerRequest::Cache(op) => self.cache_local(op).map(|outcome| outcome.encode()),
             PeerRequest::Hello { .. } => Ok(Vec::new()),
             PeerRequest::Interest(update) => self.serve_interest(update),

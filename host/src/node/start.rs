@@ -250,6 +250,9 @@ impl InstanceBuilder {
                 cache_tenant_max_bytes,
                 cache_namespace_max_bytes,
             )),
+            history: Mutex::new(crate::dashboard_history::History::new(
+                crate::dashboard_history::HISTORY_SAMPLES,
+            )),
         });
         // Builder modules go through the module store like any deploy; then
         // the node loads everything the store has before it joins, so it
@@ -266,6 +269,9 @@ impl InstanceBuilder {
             super::AbortOnDrop(tokio::spawn(super::topics::run(Arc::downgrade(&shared))));
         let sockets_loop =
             super::AbortOnDrop(tokio::spawn(super::sockets::run(Arc::downgrade(&shared))));
+        let history_loop = super::AbortOnDrop(tokio::spawn(crate::dashboard_history::run(
+            Arc::downgrade(&shared),
+        )));
         let peer_server = peer_listener.map(|listener| {
             tokio::spawn(crate::transport::serve(Arc::downgrade(&shared), listener))
         });
@@ -289,6 +295,7 @@ impl InstanceBuilder {
             alarm_loop,
             topics_loop,
             sockets_loop,
+            history_loop,
             _guest_pool: guest_pool,
         })
     }

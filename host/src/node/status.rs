@@ -339,6 +339,22 @@ pub(crate) fn module_info(slot: &ModuleSlot) -> ModuleInfo {
     }
 }
 
+impl super::NodeShared {
+    /// What the dashboard's sampler reads each second
+    /// (`dashboard_history.rs`), at `at_ms` (Unix milliseconds).
+    pub(crate) fn dashboard_reading(&self, at_ms: u64) -> crate::dashboard_history::Reading {
+        let served = self.metrics.served().values().sum();
+        let live_keys = self.slots().iter().map(|s| s.live_keys() as u64).sum();
+        crate::dashboard_history::Reading {
+            at_ms,
+            served,
+            latency: self.metrics.served_latency_counts(),
+            live_keys,
+            fences: *lock(&self.fences),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{LeaseState, Readiness, ReadyState};

@@ -215,6 +215,8 @@ fn schemas() -> Map<String, Value> {
     add::<crate::StoredAlarmView>(&mut s);
     add::<crate::ClusterView>(&mut s);
     add::<crate::ModuleView>(&mut s);
+    add::<crate::NodeHistory>(&mut s);
+    add::<crate::Sample>(&mut s);
     add::<crate::LostState>(&mut s);
     add::<crate::Readiness>(&mut s);
     add::<crate::ReadyState>(&mut s);
@@ -267,7 +269,7 @@ fn build() -> Value {
             {"name": "modules", "description": "Deploy, list, roll back and undeploy modules."},
             {"name": "keys", "description": "Call, cast, connect to and inspect keys."},
             {"name": "node", "description": "The node: status, leave, limbo, metrics."},
-            {"name": "dashboard", "description": "The live dashboard and the cluster view (admin)."},
+            {"name": "dashboard", "description": "The live dashboard and the cluster view (a tenant sees only its own modules)."},
             {"name": "cache", "description": "The coherent cache."}
         ],
         "paths": paths,

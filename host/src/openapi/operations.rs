@@ -552,7 +552,7 @@ pub(super) fn operations_table() -> Vec<Op> {
         "dashboard",
         "dashboard",
         "The live dashboard page",
-        Access::Admin,
+        Access::Public,
     );
     o.answers
         .push((200, raw_answer("The page.", "text/html; charset=utf-8")));
@@ -563,7 +563,7 @@ pub(super) fn operations_table() -> Vec<Op> {
         "dashboardScript",
         "dashboard",
         "The dashboard's script",
-        Access::Admin,
+        Access::Public,
     );
     o.answers.push((
         200,
@@ -576,7 +576,7 @@ pub(super) fn operations_table() -> Vec<Op> {
         "dashboardStyle",
         "dashboard",
         "The dashboard's style sheet",
-        Access::Admin,
+        Access::Public,
     );
     o.answers.push((
         200,
@@ -588,8 +588,8 @@ pub(super) fn operations_table() -> Vec<Op> {
         "/v1/cluster",
         "cluster",
         "dashboard",
-        "The cluster as this node sees it",
-        Access::Admin,
+        "The cluster as this node sees it (a tenant: only its own modules, no history)",
+        Access::Caller,
     );
     o.answers
         .push((200, json_answer::<crate::ClusterView>("One snapshot.")));
@@ -600,7 +600,7 @@ pub(super) fn operations_table() -> Vec<Op> {
         "clusterEvents",
         "dashboard",
         "The cluster view as server-sent `snapshot` events, one every 500 ms (an endless stream)",
-        Access::Admin,
+        Access::Caller,
     );
     // Before OpenAPI 3.2's `itemSchema`, a stream's `schema` describes one
     // event (what Schemathesis checks each event against).
