@@ -32,6 +32,7 @@ mod http_cli;
 mod http_limits;
 mod kill;
 mod languages;
+mod languages_fencing;
 mod languages_websockets;
 mod limbo;
 mod limits;
