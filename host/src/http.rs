@@ -386,12 +386,26 @@ async fn leave(
         instance.request_stop();
     }
     let report = left?;
-    Ok(axum::Json(json!({
-        "left": true,
-        "lost_states": report.lost_states,
-        "no_other_node": report.no_other_node,
-        "released": report.released,
-    })))
+    Ok(axum::Json(LeaveAnswer {
+        left: true,
+        lost_states: report.lost_states,
+        no_other_node: report.no_other_node,
+        released: report.released,
+    }))
+}
+
+/// The answer of `POST /v1/leave`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct LeaveAnswer {
+    /// Always `true`: the node left the cluster and is stopping.
+    pub left: bool,
+    /// Keys whose handoff state could not travel, with why.
+    pub lost_states: Vec<crate::LostState>,
+    /// There was no other live node to hand to: the keys stopped here.
+    pub no_other_node: bool,
+    /// The arbiter confirmed the lease's release (else the lease, fenced
+    /// here, lapses at its TTL).
+    pub released: bool,
 }
 
 /// How long `POST /v1/leave` waits for every partition to move.

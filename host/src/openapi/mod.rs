@@ -229,16 +229,7 @@ fn schemas() -> Map<String, Value> {
     add::<crate::http::CacheVersion>(&mut s);
     add::<crate::http::Deleted>(&mut s);
     add::<crate::http_modules::Undeployed>(&mut s);
-    // The leave's answer is built in `http::leave` as JSON.
-    s.insert(
-        "LeaveAnswer".to_owned(),
-        json!({"type": "object", "required": ["left", "lost_states", "no_other_node", "released"],
-            "properties": {
-                "left": {"type": "boolean"},
-                "lost_states": {"type": "array", "items": {"$ref": "#/components/schemas/LostState"}},
-                "no_other_node": {"type": "boolean", "description": "There was no other live node to hand to."},
-                "released": {"type": "boolean", "description": "The arbiter confirmed the lease's release."}}}),
-    );
+    add::<crate::http::LeaveAnswer>(&mut s);
     let every: Vec<&str> = ERRORS.iter().map(|e| e.1).collect();
     let mut every: Vec<&str> = every.clone();
     every.sort_unstable();
