@@ -37,7 +37,7 @@ use fief_tests::multiprocess::{
     ClusterNode, FAST_TIMINGS, NodeSpec, PG_ADDR, arbiter_url, drop_namespace, test_database,
     unique_namespace,
 };
-use fief_tests::{fief_cli, guests, workspace_root};
+use fief_tests::{guests, workspace_root};
 
 use crate::browser::Driver;
 use crate::processes::{SERIAL, start_nodes, wait_settled};
@@ -495,34 +495,15 @@ async fn two_browsers_chat_through_a_room_whose_owner_leaves() {
     let leave = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let (began, began_wall) = (Instant::now(), SystemTime::now());
-        let url = owner.url.clone();
-        let output = tokio::task::spawn_blocking(move || fief_cli(&["leave", "--node", &url]))
-            .await
-            .expect("running fief leave");
-        let exit = owner.wait_exit(Duration::from_secs(15)).await;
+        owner.leave_and_exit(Duration::from_secs(15)).await;
         let ended = Instant::now();
         // Typing goes on a while with the owner gone.
         tokio::time::sleep(Duration::from_secs(1)).await;
         done.store(true, Ordering::SeqCst);
-        (output, exit, began, began_wall, ended)
+        (began, began_wall, ended)
     };
-    let ((output, exit, began, began_wall, ended), (ann_during, ann_at), (bob_during, bob_at)) =
+    let ((began, began_wall, ended), (ann_during, ann_at), (bob_during, bob_at)) =
         tokio::join!(leave, keep_typing(&ann, &done), keep_typing(&bob, &done));
-    assert!(
-        output.status.success(),
-        "fief leave --node {} failed ({}): {}{}",
-        owner.url,
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let exit = exit.unwrap_or_else(|| {
-        panic!("{owner_id} still runs 15 s after `fief leave` returned; it must stop on its own")
-    });
-    assert!(
-        exit.success(),
-        "{owner_id} exited with {exit} after leaving"
-    );
     let log = owner.log_text();
     assert!(
         log.contains("partitions handed off") && log.contains("left the cluster"),

@@ -25,11 +25,11 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use fief_tests::guests;
 use fief_tests::multiprocess::{
     CallError, ClusterNode, FAST_TIMINGS, NodeSpec, PG_ADDR, PgProxy, arbiter_url, call_url,
     drop_namespace, test_database, unique_namespace,
 };
-use fief_tests::{fief_cli, guests};
 
 /// The partition of key `alice` (FNV-1a-64 % 1024: the test vector in
 /// `host/core/src/partition.rs`).
@@ -1159,34 +1159,15 @@ async fn leave_hands_off_counter_state_with_no_double_serve() {
     let leave = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let leave_at = started.elapsed();
-        let url = leaver.url.clone();
-        let output = tokio::task::spawn_blocking(move || fief_cli(&["leave", "--node", &url]))
-            .await
-            .expect("running fief leave");
-        let exit = leaver.wait_exit(Duration::from_secs(15)).await;
+        leaver.leave_and_exit(Duration::from_secs(15)).await;
         let exited_at = started.elapsed();
         // Calls go on a while with the owner gone.
         tokio::time::sleep(Duration::from_secs(1)).await;
         done.store(true, std::sync::atomic::Ordering::SeqCst);
-        (output, exit, leave_at, exited_at)
+        (leave_at, exited_at)
     };
-    let (attempts, (output, exit, leave_at, exited_at)) = tokio::join!(caller, leave);
+    let (attempts, (leave_at, exited_at)) = tokio::join!(caller, leave);
 
-    assert!(
-        output.status.success(),
-        "fief leave --node {} failed ({}): {}{}",
-        leaver.url,
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let exit = exit.unwrap_or_else(|| {
-        panic!("{owner_id} still runs 15 s after `fief leave` returned; it must stop on its own")
-    });
-    assert!(
-        exit.success(),
-        "{owner_id} exited with {exit} after leaving"
-    );
     let log = leaver.log_text();
     assert!(
         log.contains("partitions handed off") && log.contains("left the cluster"),

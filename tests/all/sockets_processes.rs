@@ -611,23 +611,7 @@ async fn a_chat_room_keeps_its_connections_through_a_graceful_leave_of_its_owner
     let leave = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let leave_at = phase.elapsed();
-        let url = owner.url.clone();
-        let output = tokio::task::spawn_blocking(move || fief_cli(&["leave", "--node", &url]))
-            .await
-            .expect("running fief leave");
-        assert!(
-            output.status.success(),
-            "fief leave --node {} failed ({}): {}{}",
-            owner.url,
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let exit = owner
-            .wait_exit(Duration::from_secs(20))
-            .await
-            .unwrap_or_else(|| panic!("{} still runs 20 s after `fief leave`", owner.node_id));
-        assert!(exit.success(), "{} exited with {exit}", owner.node_id);
+        owner.leave_and_exit(Duration::from_secs(20)).await;
         let exited_at = phase.elapsed();
         wait_settled(&nodes).await;
         wait_connections(&nodes, 2, "both connections attached to the new owner").await;

@@ -21,11 +21,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use fief_tests::guests;
 use fief_tests::multiprocess::{
     ClusterNode, FAST_TIMINGS, NodeSpec, PgProxy, call_url, drop_namespace, test_database,
     unique_namespace,
 };
-use fief_tests::{fief_cli, guests};
 
 use crate::counter_history::{self, Event, Op};
 use crate::processes::{SERIAL, start_nodes, wait_settled};
@@ -206,22 +206,9 @@ async fn a_stored_counter_stays_linearizable_through_kills_pauses_cuts_and_leave
 
     // A leave: n1 hands its partitions off and exits.
     pause(Duration::from_secs(2)).await;
-    let url = nodes[0].url.clone();
     urls.write().unwrap().remove(0);
-    let left = tokio::task::spawn_blocking(move || fief_cli(&["leave", "--node", &url]))
-        .await
-        .expect("running fief leave");
-    assert!(
-        left.status.success(),
-        "fief leave failed: {}{}",
-        String::from_utf8_lossy(&left.stdout),
-        String::from_utf8_lossy(&left.stderr)
-    );
     let mut leaver = nodes.remove(0);
-    assert!(
-        leaver.wait_exit(Duration::from_secs(15)).await.is_some(),
-        "n1 still runs 15 s after leaving"
-    );
+    leaver.leave_and_exit(Duration::from_secs(15)).await;
     pause(Duration::from_secs(2)).await;
     stop.store(true, Ordering::SeqCst);
     for c in clients {

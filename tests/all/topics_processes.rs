@@ -42,11 +42,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use fief::core::PartitionCount;
+use fief_tests::guests;
 use fief_tests::multiprocess::{
     CallError, ClusterNode, FAST_TIMINGS, NodeSpec, PG_ADDR, arbiter_url, call_url, drop_namespace,
     test_database, unique_namespace,
 };
-use fief_tests::{fief_cli, guests};
 
 use crate::processes::{SERIAL, start_nodes, wait_settled};
 
@@ -495,23 +495,7 @@ async fn publications_reach_every_node_once_through_a_kill_and_a_leave() {
         urls.write().unwrap().retain(|(id, _)| id != "n3");
         let mut leaver = nodes.remove(1);
         let left_after = faults_at.elapsed();
-        let url = leaver.url.clone();
-        let output = tokio::task::spawn_blocking(move || fief_cli(&["leave", "--node", &url]))
-            .await
-            .expect("running fief leave");
-        assert!(
-            output.status.success(),
-            "fief leave --node {} failed ({}): {}{}",
-            leaver.url,
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let exit = leaver
-            .wait_exit(Duration::from_secs(20))
-            .await
-            .expect("n3 still runs 20 s after `fief leave` returned");
-        assert!(exit.success(), "n3 exited with {exit} after leaving");
+        leaver.leave_and_exit(Duration::from_secs(20)).await;
         // Publish on a while with n1 alone.
         tokio::time::sleep(Duration::from_secs(1)).await;
         stop.store(true, Ordering::SeqCst);

@@ -958,6 +958,37 @@ pub mod multiprocess {
             );
         }
 
+        /// `fief leave --node <this node>`, then wait at most `limit` for the
+        /// process to exit on its own. Panics, with the CLI's output, if the
+        /// leave fails, the node still runs after `limit`, or it exits
+        /// unsuccessfully.
+        pub async fn leave_and_exit(&mut self, limit: Duration) {
+            let url = self.url.clone();
+            let output =
+                tokio::task::spawn_blocking(move || crate::fief_cli(&["leave", "--node", &url]))
+                    .await
+                    .expect("running fief leave");
+            assert!(
+                output.status.success(),
+                "fief leave --node {} failed ({}): {}{}",
+                self.url,
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let exit = self.wait_exit(limit).await.unwrap_or_else(|| {
+                panic!(
+                    "{} still runs {limit:?} after `fief leave` returned; it must stop on its own",
+                    self.node_id
+                )
+            });
+            assert!(
+                exit.success(),
+                "{} exited with {exit} after leaving",
+                self.node_id
+            );
+        }
+
         /// Wait at most `limit` for the child to exit on its own: its exit
         /// status, or `None` if it is still running.
         pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
