@@ -119,7 +119,7 @@ impl Arbiter for TestArbiter {
         namespace: &'a str,
         node: &'a NodeId,
         lease: LeaseId,
-    ) -> ArbiterFuture<'a, ()> {
+    ) -> ArbiterFuture<'a, u64> {
         self.local.renew(namespace, node, lease)
     }
 

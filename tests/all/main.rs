@@ -6,6 +6,7 @@ mod alarms;
 mod alarms_cluster;
 mod api_findings;
 mod arbiter;
+mod arbiter_regression;
 mod bad_input;
 mod browser;
 mod cache;

@@ -373,7 +373,7 @@ impl Arbiter for HoldingArbiter {
         namespace: &'a str,
         node: &'a NodeId,
         lease: LeaseId,
-    ) -> ArbiterFuture<'a, ()> {
+    ) -> ArbiterFuture<'a, u64> {
         self.attempts.send_modify(|n| *n += 1);
         if *self.hold.lock().unwrap() {
             self.held.send_modify(|n| *n += 1);

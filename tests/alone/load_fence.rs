@@ -381,7 +381,7 @@ impl Arbiter for RenewalLog {
         namespace: &'a str,
         node: &'a NodeId,
         lease: LeaseId,
-    ) -> ArbiterFuture<'a, ()> {
+    ) -> ArbiterFuture<'a, u64> {
         let sent = Instant::now();
         let renewal = self.inner.renew(namespace, node, lease);
         Box::pin(async move {

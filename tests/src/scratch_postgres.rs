@@ -4,6 +4,12 @@
 //! free port of 127.0.0.1, with trust authentication for user `postgres`.
 //! The shared server on 127.0.0.1:5432 that other tests use is never touched.
 //!
+//! [`ScratchPostgres::copy`] takes an online copy of the data
+//! (`pg_basebackup`), and [`ScratchPostgres::replace_with_copy`] crashes the
+//! server and starts that earlier copy in its place, on the same port: a
+//! primary lost and replaced by a standby that had not received its last
+//! commits (asynchronous replication), or by a restored backup.
+//!
 //! The binaries are looked up in `/usr/lib/postgresql/<version>/bin` (the
 //! Debian `postgresql` package, which `scripts/install-test-deps.sh`
 //! installs), newest version first, then on `PATH`. PostgreSQL refuses to run
@@ -15,6 +21,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// An online copy of a [`ScratchPostgres`]'s data, from
+/// [`ScratchPostgres::copy`].
+pub struct PgCopy {
+    data: PathBuf,
+}
 
 /// A PostgreSQL server of the test's own, stopped and deleted when dropped.
 pub struct ScratchPostgres {
@@ -112,6 +124,52 @@ impl ScratchPostgres {
     /// until it is down.
     pub fn stop(&self) {
         self.pg_ctl_stop("fast");
+    }
+
+    /// Copy the running server's data now (`pg_basebackup`, with the WAL
+    /// the copy needs to start on its own). Blocking.
+    pub fn copy(&self) -> PgCopy {
+        static COPIES: AtomicU64 = AtomicU64::new(0);
+        let data = self
+            .dir
+            .join(format!("copy-{}", COPIES.fetch_add(1, Ordering::Relaxed)));
+        let port = self.port.to_string();
+        self.run_pg(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                path_str(&data),
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+        );
+        PgCopy { data }
+    }
+
+    /// Crash the server (`pg_ctl stop -m immediate`) and start `copy` in its
+    /// place, on the same port: everything committed after the copy was
+    /// taken is gone. Blocking.
+    pub fn replace_with_copy(&self, copy: PgCopy) {
+        let stopped = self.pg_ctl_stop("immediate");
+        assert!(
+            stopped.status.success(),
+            "stopping the server: {}",
+            String::from_utf8_lossy(&stopped.stderr)
+        );
+        let lost = self.dir.join("data-lost");
+        let _ = std::fs::remove_dir_all(&lost);
+        std::fs::rename(self.data_dir(), &lost).expect("moving the lost data aside");
+        std::fs::rename(&copy.data, self.data_dir()).expect("putting the copy in place");
+        self.start_again();
     }
 
     /// The server's log so far.

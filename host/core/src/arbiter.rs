@@ -81,6 +81,8 @@ struct LeaseRecord {
     confirmed: bool,
     committed_at: Instant,
     ttl: Duration,
+    /// Renewals recorded so far: the renewal mark.
+    renewals: u64,
 }
 
 /// One namespace of the embedded arbiter: leases, leader, term and table.
@@ -194,25 +196,31 @@ impl ArbiterState {
                 confirmed: false,
                 committed_at: now,
                 ttl,
+                renewals: 0,
             },
         );
         Ok(id)
     }
 
-    /// Presence: renew `lease`, measured from `now`.
+    /// Presence: renew `lease`, measured from `now`. Returns the lease's
+    /// renewal mark, one higher at every renewal (see
+    /// [`ArbiterHistory::renewed`](crate::ArbiterHistory::renewed)).
     ///
     /// # Errors
     ///
     /// [`Refusal::LeaseExpired`] if the arbiter already judged it expired.
-    pub fn renew(&mut self, now: Instant, node: &NodeId, lease: LeaseId) -> Result<(), Refusal> {
+    pub fn renew(&mut self, now: Instant, node: &NodeId, lease: LeaseId) -> Result<u64, Refusal> {
         if !self.lease_current(node, lease, now) {
             return Err(Refusal::LeaseExpired(lease));
         }
-        if let Some(r) = self.leases.get_mut(node) {
-            r.committed_at = now;
-            r.confirmed = true;
-        }
-        Ok(())
+        let r = self
+            .leases
+            .get_mut(node)
+            .expect("a current lease has its record");
+        r.committed_at = now;
+        r.confirmed = true;
+        r.renewals += 1;
+        Ok(r.renewals)
     }
 
     /// Presence: give up `lease` now (graceful leave).

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use crate::arbiter::{LeaseId, Member, Term};
 use crate::assignment::{orphan_assignment, rebalance_moves};
+use crate::history::{ArbiterHistory, Regression};
 use crate::lease::{FenceGate, Lease, LeaseStatus, LeaseTiming, Renewal, RenewalCounts};
 use crate::ownership::{NodeId, OwnershipTable};
 use crate::partition::PartitionId;
@@ -38,6 +39,9 @@ pub const MOVES_PER_ROUND: usize = 256;
 pub const FENCE_POINT_PASSED: &str = "the lease could not be renewed before the fence point";
 /// Why the node fenced because the arbiter refused its renewal.
 pub const LEASE_EXPIRED: &str = "the arbiter says the lease expired";
+/// Why the node fenced because the arbiter answered from before what the
+/// node had seen (see [`Regression`]).
+pub const ARBITER_REGRESSED: &str = "the arbiter went back in time";
 
 /// Identifies one request, so a late or duplicated answer is recognised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -73,8 +77,9 @@ pub enum Request {
 pub enum Reply {
     /// `Register` succeeded.
     Registered(LeaseId),
-    /// `Renew` succeeded.
-    Renewed,
+    /// `Renew` succeeded; the lease's renewal mark (strictly higher at
+    /// every renewal of the lease, see [`ArbiterHistory::renewed`]).
+    Renewed(u64),
     /// `Campaign`: the term if this node leads.
     Campaign(Option<Term>),
     /// `LiveNodes`.
@@ -101,6 +106,10 @@ pub enum Action {
     },
     /// A lease was granted: the node may serve (once the table says so).
     LeaseGranted(LeaseId),
+    /// The arbiter answered from before what this node has seen: tell the
+    /// operator. A [`Action::Fence`] follows at once, and the node rejoins
+    /// no sooner than one lease TTL later.
+    Regressed(Regression),
     /// Fence now: kill `terminate` keys, serve nothing, forget the table.
     /// The lease is already fenced; the next tick starts a rejoin.
     Fence {
@@ -178,6 +187,11 @@ pub struct Coordinator {
     phase: Phase,
     next_id: u64,
     sync_now: bool,
+    /// What the node has seen of the arbiter's history: kept across fences
+    /// and rejoins.
+    history: ArbiterHistory,
+    /// After a regression: no rejoin before this.
+    quarantine_until: Option<Instant>,
     /// The lease's fence point for lock-free readers, published by every
     /// method that can change the lease (see [`FenceGate`]).
     gate: Arc<FenceGate>,
@@ -197,6 +211,8 @@ impl Clone for Coordinator {
             phase: self.phase.clone(),
             next_id: self.next_id,
             sync_now: self.sync_now,
+            history: self.history.clone(),
+            quarantine_until: self.quarantine_until,
             gate: Arc::new(gate),
             #[cfg(any(test, feature = "sim"))]
             fence_at_ttl: self.fence_at_ttl,
@@ -215,6 +231,8 @@ impl Coordinator {
             },
             next_id: 0,
             sync_now: false,
+            history: ArbiterHistory::new(),
+            quarantine_until: None,
             gate: Arc::default(),
             #[cfg(any(test, feature = "sim"))]
             fence_at_ttl: false,
@@ -282,6 +300,36 @@ impl Coordinator {
     /// [`Lease::take_renewal_counts`]).
     pub fn take_renewal_counts(&mut self) -> RenewalCounts {
         self.lease.take_renewal_counts()
+    }
+
+    /// An answer outside the round (a transfer's, a refresh's, a leave's)
+    /// brought `table`: judge it against the arbiter's history as seen.
+    ///
+    /// # Errors
+    ///
+    /// The [`Regression`], recorded nowhere: call
+    /// [`Coordinator::regressed`] with it.
+    pub fn check_table(&mut self, table: &OwnershipTable) -> Result<(), Regression> {
+        self.history.table(table)
+    }
+
+    /// The arbiter went back in time: fence now (if the node holds a lease)
+    /// and rejoin no sooner than one lease TTL from `now`, so every lease
+    /// the lost commits renewed has passed its fence point on its node's
+    /// clock before this node asks the arbiter for anything again.
+    pub fn regressed(&mut self, now: Instant, regression: Regression) -> Vec<Action> {
+        let mut out = vec![Action::Regressed(regression)];
+        self.quarantine_until = Some(now + self.lease.timing().lease_ttl());
+        if matches!(self.phase, Phase::Member { .. }) {
+            self.fence(now, ARBITER_REGRESSED, &mut out);
+        }
+        self.publish();
+        out
+    }
+
+    /// The highest table epoch this node has read from the arbiter.
+    pub fn highest_epoch_seen(&self) -> Option<u64> {
+        self.history.epoch()
     }
 
     /// The lease held at the arbiter, once joined (until the fence).
@@ -372,8 +420,13 @@ impl Coordinator {
                 if self.fence_at_ttl {
                     self.lease.mutate_fence_at_ttl();
                 }
+                // After a regression, not before its quarantine ends.
+                let retry_at = match self.quarantine_until {
+                    Some(until) if until > now => until,
+                    _ => now,
+                };
                 self.phase = Phase::Joining {
-                    retry_at: now,
+                    retry_at,
                     waiting: None,
                 };
                 self.step(now, None, out);
@@ -487,8 +540,18 @@ impl Coordinator {
         answer: Reply,
         out: &mut Vec<Action>,
     ) -> Option<Outstanding> {
+        if let Reply::Table(table) = &answer
+            && let Err(r) = self.history.table(table)
+        {
+            out.extend(self.regressed(now, r));
+            return None;
+        }
         match (stage, answer) {
-            (Stage::Renew(renewal), Reply::Renewed) => {
+            (Stage::Renew(renewal), Reply::Renewed(mark)) => {
+                if let Err(r) = self.history.renewed(lease, mark) {
+                    out.extend(self.regressed(now, r));
+                    return None;
+                }
                 if !self.lease.renewal_succeeded(renewal, now).is_current() {
                     self.fence(now, FENCE_POINT_PASSED, out);
                     return None;
@@ -503,6 +566,10 @@ impl Coordinator {
                 Some(self.send(now, Request::Campaign(lease), Stage::Campaign, out))
             }
             (Stage::Campaign, Reply::Campaign(Some(term))) => {
+                if let Err(r) = self.history.term(term) {
+                    out.extend(self.regressed(now, r));
+                    return None;
+                }
                 out.push(Action::Leader(Some(term)));
                 Some(self.send(now, Request::LiveNodes, Stage::LeaderMembers(term), out))
             }
@@ -813,7 +880,7 @@ mod tests {
         end_round(&mut c, id, 10);
         let (id, req) = sent(&c.on_tick(at(1000))).unwrap();
         assert_eq!(req, Request::Renew(LeaseId(1)));
-        let (id, _) = sent(&c.on_reply(at(1003), id, Reply::Renewed)).unwrap();
+        let (id, _) = sent(&c.on_reply(at(1003), id, Reply::Renewed(1))).unwrap();
         assert_eq!(gate.current_until(), Some(at(5000)), "renewed at 1 s");
         end_round(&mut c, id, 1010);
 

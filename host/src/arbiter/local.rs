@@ -173,7 +173,7 @@ impl Arbiter for LocalArbiter {
         namespace: &'a str,
         node: &'a NodeId,
         lease: LeaseId,
-    ) -> ArbiterFuture<'a, ()> {
+    ) -> ArbiterFuture<'a, u64> {
         let node2 = node.clone();
         self.with(namespace, Some(node), move |state, now| {
             ns(state, namespace)

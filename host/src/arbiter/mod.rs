@@ -80,13 +80,16 @@ pub trait Arbiter: Send + Sync + 'static {
     ) -> ArbiterFuture<'a, LeaseId>;
 
     /// Presence: renew a lease. Fails with [`ArbiterError::LeaseExpired`] if
-    /// the arbiter already judged it expired.
+    /// the arbiter already judged it expired. Returns the lease's *renewal
+    /// mark*: strictly higher at every renewal of the lease the arbiter
+    /// records, so a node sees an arbiter that lost its renewals (and
+    /// fences, see [`fief_core::ArbiterHistory`]).
     fn renew<'a>(
         &'a self,
         namespace: &'a str,
         node: &'a NodeId,
         lease: LeaseId,
-    ) -> ArbiterFuture<'a, ()>;
+    ) -> ArbiterFuture<'a, u64>;
 
     /// Presence: give up a lease now (graceful leave).
     fn release<'a>(

@@ -92,6 +92,7 @@ struct CallSeries {
 pub(crate) struct Metrics {
     registry: Registry,
     fences: Family<Labels1, Counter>,
+    arbiter_regressions: Family<Labels1, Counter>,
     renewals: Family<Labels1, Counter>,
     /// Renewal counts of leases given up (a fence folds them in).
     renewals_past: Mutex<RenewalCounts>,
@@ -175,6 +176,7 @@ impl Metrics {
     pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("fief");
         let fences = Family::<Labels1, Counter>::default();
+        let arbiter_regressions = Family::<Labels1, Counter>::default();
         let renewals = Family::<Labels1, Counter>::default();
         let activations = Family::<Labels1, Counter>::default();
         let inline_calls = Family::<Labels1, CallCounter>::default();
@@ -203,6 +205,11 @@ impl Metrics {
         let topics = TopicMetrics::register(&mut registry);
         let r = &mut registry;
         r.register("fences", "Times this node fenced, by cause", fences.clone());
+        r.register(
+            "arbiter_regressions",
+            "Times the arbiter answered from before what this node had seen (it lost commits), by what went back; the node fenced each time",
+            arbiter_regressions.clone(),
+        );
         r.register(
             "lease_renewals",
             "Lease renewals (the registration included) by outcome: ok, or failed (refused, unanswered, or answered after the fence point)",
@@ -392,6 +399,7 @@ impl Metrics {
         Metrics {
             registry,
             fences,
+            arbiter_regressions,
             renewals,
             renewals_past: Mutex::new(RenewalCounts::default()),
             activations,
@@ -436,6 +444,14 @@ impl Metrics {
         let mut past = lock(&self.renewals_past);
         past.ok += renewals.ok;
         past.failed += renewals.failed;
+    }
+
+    /// The arbiter answered from before what the node had seen (`what`:
+    /// renewal, term or epoch).
+    pub(crate) fn arbiter_regressed(&self, what: &'static str) {
+        self.arbiter_regressions
+            .get_or_create(&[("what", what.to_owned())])
+            .inc();
     }
 
     /// A key process of `module` started.
@@ -655,6 +671,8 @@ fn fence_cause(cause: &str) -> String {
         "lease_expired"
     } else if cause.contains("coordination") {
         "coordination_crash"
+    } else if cause.contains("back in time") {
+        "arbiter_regressed"
     } else if cause == "requested" {
         "requested"
     } else {

@@ -125,6 +125,11 @@ impl NodeShared {
                     NodeEventKind::LeaseGranted { lease: lease.0 },
                 );
             }
+            Effect::ArbiterRegressed(regression) => {
+                tracing::error!(node = %self.node_id, what = regression.what(), "{regression}");
+                self.metrics.arbiter_regressed(regression.what());
+                *lock(&self.arbiter_regression) = Some(regression.to_string());
+            }
             Effect::Fence {
                 cause,
                 renewals,
@@ -399,7 +404,7 @@ async fn ask_arbiter(shared: &NodeShared, ns: &str, request: Request) -> Reply {
             }
         }
         Request::Renew(lease) => match arbiter.renew(ns, node, lease).await {
-            Ok(()) => Reply::Renewed,
+            Ok(mark) => Reply::Renewed(mark),
             Err(e) => failed("renew", e),
         },
         Request::Campaign(lease) => match arbiter.campaign(ns, node, lease).await {

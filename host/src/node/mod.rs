@@ -136,6 +136,9 @@ pub(crate) struct NodeShared {
     /// Cluster-wide deploys: the module follower's bookkeeping.
     pub(crate) deploys: deploy::Deploys,
     fences: Mutex<u64>,
+    /// The last time the arbiter went back in time, for the operator
+    /// ([`Status::arbiter_regression`]).
+    arbiter_regression: Mutex<Option<String>>,
     /// Handoff states waiting for their keys' next process here: received
     /// from a previous owner, or kept after a move out failed.
     handoffs: Mutex<HandoffStates>,

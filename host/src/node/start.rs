@@ -240,6 +240,7 @@ impl InstanceBuilder {
             modules: ArcSwap::default(),
             deploys: super::deploy::Deploys::default(),
             fences: Mutex::new(0),
+            arbiter_regression: Mutex::new(None),
             handoffs: Mutex::new(HandoffStates::default()),
             leave_losses: Mutex::new(Vec::new()),
             coordination_crash: std::sync::atomic::AtomicBool::new(false),

@@ -189,6 +189,11 @@ pub struct Status {
     pub tenant_cpu: Vec<crate::cpu_budget::TenantCpuReport>,
     /// How many times this node has fenced.
     pub fences: u64,
+    /// The last time the arbiter answered from before what this node had
+    /// seen (it lost commits: a standby promoted after asynchronous
+    /// replication, a restored backup), what went back and what to do; the
+    /// node fenced then. `null` if it never did since the node started.
+    pub arbiter_regression: Option<String>,
     /// Whether the node is leaving the cluster.
     pub leaving: bool,
     /// The live nodes of the namespace, as this node last heard from the
@@ -271,6 +276,7 @@ impl Instance {
             tenant_cpu: shared.tenant_cpu.report(),
             storage: shared.storage.backend().describe(),
             fences: *lock(&shared.fences),
+            arbiter_regression: lock(&shared.arbiter_regression).clone(),
             leaving,
             nodes: shared
                 .members

@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use crate::arbiter::{LeaseId, Member, Term};
 use crate::coordinator::{Action, Coordinator, Reply, Request, RequestId, gained_partitions};
+use crate::history::Regression;
 use crate::lease::{FenceGate, LeaseStatus, LeaseTiming, RenewalCounts};
 use crate::ownership::{NodeId, OwnershipTable, Route, RouteRefusal};
 use crate::partition::{PartitionCount, PartitionId};
@@ -148,6 +149,10 @@ pub enum Effect {
     },
     /// A lease was granted.
     LeaseGranted(LeaseId),
+    /// The arbiter answered from before what this node has seen (it lost
+    /// commits): report it to the operator. A [`Effect::Fence`] follows, and
+    /// the node asks the arbiter for nothing for one lease TTL.
+    ArbiterRegressed(Regression),
     /// Fence now: kill `terminate` keys, put survivors in limbo, drop the
     /// cache and waiting handoff states. The routing view is already empty.
     Fence {
@@ -668,7 +673,32 @@ impl Membership {
         let Some(o) = self.ops.remove(&op) else {
             return;
         };
-        match o.kind {
+        // A table from before what this node has seen is no answer: the op
+        // fails as if it were lost, then the node fences.
+        let regression = match &reply {
+            Reply::Table(table) => self.coord.check_table(table).err(),
+            _ => None,
+        };
+        let reply = match &regression {
+            Some(r) => Reply::Failed(r.to_string()),
+            None => reply,
+        };
+        self.op_kind_answered(now, op, o.kind, reply, out);
+        if let Some(r) = regression {
+            let actions = self.coord.regressed(now, r);
+            self.carry(now, actions, out);
+        }
+    }
+
+    fn op_kind_answered(
+        &mut self,
+        now: Instant,
+        op: OpId,
+        kind: OpKind,
+        reply: Reply,
+        out: &mut Vec<Effect>,
+    ) {
+        match kind {
             OpKind::Move => self.transfer_answered(now, op, reply, out),
             OpKind::Leave => self.leave_answered(now, op, reply, out),
             OpKind::Refresh(lease) => match reply {
@@ -693,6 +723,7 @@ impl Membership {
                     self.reaped.clear();
                     out.push(Effect::LeaseGranted(lease));
                 }
+                Action::Regressed(r) => out.push(Effect::ArbiterRegressed(r)),
                 Action::Fence { cause } => {
                     self.fence(now, cause, out);
                     fenced = true;

@@ -212,6 +212,7 @@ fn a_lost_transfer_answer_leaves_its_partitions_unsure_until_a_later_read() {
     // not settle it. Drive rounds until one sent after 1012 ms answers.
     let mut settled = false;
     let mut now = 1015;
+    let mut renewals = 0;
     while now < 3500 && !settled {
         let e = m.on_tick(at(now));
         let mut pending = round_request(&e);
@@ -220,7 +221,10 @@ fn a_lost_transfer_answer_leaves_its_partitions_unsure_until_a_later_read() {
                 Request::Table => Reply::Table(table()),
                 Request::LiveNodes => Reply::Members(three()),
                 Request::Campaign(_) => Reply::Campaign(None),
-                _ => Reply::Renewed,
+                _ => {
+                    renewals += 1;
+                    Reply::Renewed(renewals)
+                }
             };
             now += 1;
             pending = round_request(&m.on_reply(at(now), id, reply));
@@ -577,4 +581,113 @@ fn refreshes_asked_while_one_is_in_flight_share_its_read() {
     // The next refresh reads again.
     let (fourth, e) = m.refresh_table(at(14));
     assert_eq!(op_request(&e), Some((fourth, Request::Table)));
+}
+
+/// Drives one round from `now` (a renewal is due) with the given answers;
+/// returns every effect.
+fn round(m: &mut Membership, now: u64, renewed: u64, table: OwnershipTable) -> Vec<Effect> {
+    let mut all = Vec::new();
+    let mut pending = round_request(&m.on_tick(at(now)));
+    let mut t = now;
+    while let Some((id, req)) = pending {
+        let reply = match req {
+            Request::Renew(_) => Reply::Renewed(renewed),
+            Request::Campaign(_) => Reply::Campaign(None),
+            Request::LiveNodes => Reply::Members(three()),
+            Request::Table => Reply::Table(table.clone()),
+            other => panic!("unexpected {other:?}"),
+        };
+        t += 1;
+        let e = m.on_reply(at(t), id, reply);
+        pending = round_request(&e);
+        all.extend(e);
+    }
+    all
+}
+
+fn regressed(effects: &[Effect]) -> Option<Regression> {
+    effects.iter().find_map(|e| match e {
+        Effect::ArbiterRegressed(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+fn fenced_for(effects: &[Effect]) -> Option<&'static str> {
+    effects.iter().find_map(|e| match e {
+        Effect::Fence { cause, .. } => Some(*cause),
+        _ => None,
+    })
+}
+
+/// Ticks from `from` to `to` (ms, every 100 ms): whether a registration
+/// was sent.
+fn registers_between(m: &mut Membership, from: u64, to: u64) -> Option<u64> {
+    (from..to).step_by(100).find(|&t| {
+        m.on_tick(at(t))
+            .iter()
+            .any(|e| matches!(e, Effect::Arbiter { request: Request::Register, .. }))
+    })
+}
+
+#[test]
+fn a_renewal_mark_that_does_not_rise_fences_and_the_node_waits_a_ttl_to_rejoin() {
+    let mut m = joined(three(), table());
+    let e = round(&mut m, 1000, 4, table());
+    assert_eq!(regressed(&e), None);
+    assert!(local(&mut m, at(1500), 0));
+    // The arbiter lost this lease's last renewal: the next one returns the
+    // mark of the one before.
+    let e = round(&mut m, 2000, 4, table());
+    let r = regressed(&e).expect("the regression is reported");
+    assert_eq!(
+        r,
+        Regression::Renewal {
+            lease: LeaseId(1),
+            seen: 4,
+            got: 4
+        }
+    );
+    assert_eq!(fenced_for(&e), Some(crate::coordinator::ARBITER_REGRESSED));
+    assert!(!local(&mut m, at(2001), 0), "fenced: serves nothing");
+    // No rejoin for one lease TTL (5 s): every lease the lost commits
+    // renewed passes its fence point meanwhile.
+    assert_eq!(registers_between(&mut m, 2002, 7000), None);
+    assert!(registers_between(&mut m, 7000, 7200).is_some());
+}
+
+#[test]
+fn a_table_below_the_epoch_seen_is_refused_and_fences() {
+    let mut m = joined(three(), table());
+    // A promoted standby that lost the table's last change: epoch 0.
+    let e = round(&mut m, 1000, 1, OwnershipTable::new(table().partitions()));
+    assert_eq!(
+        regressed(&e),
+        Some(Regression::Epoch { seen: 1, got: 0 })
+    );
+    assert_eq!(fenced_for(&e), Some(crate::coordinator::ARBITER_REGRESSED));
+    assert!(!e.contains(&Effect::TableChanged), "never adopted");
+    assert!(!local(&mut m, at(1100), 0));
+    // Rejoined after the quarantine, an arbiter still behind is refused
+    // again; one that has caught up is served by.
+    let (id, _) = round_request(&m.on_tick(at(6100))).expect("rejoins");
+    let e = m.on_reply(at(6101), id, Reply::Registered(LeaseId(2)));
+    assert!(e.contains(&Effect::LeaseGranted(LeaseId(2))));
+    let mut newer = table();
+    newer.reassign([(PartitionId(3), Some(NodeId::new("b")))]);
+    let mut pending = round_request(&e);
+    while let Some((id, req)) = pending {
+        let reply = match req {
+            Request::Campaign(_) => Reply::Campaign(None),
+            Request::LiveNodes => Reply::Members(three()),
+            Request::Table => Reply::Table(newer.clone()),
+            other => panic!("unexpected {other:?}"),
+        };
+        let e = m.on_reply(at(6102), id, reply);
+        if let Some(op) = reap_of(&e) {
+            m.on_reaped(at(6103), op);
+        }
+        assert_eq!(regressed(&e), None);
+        pending = round_request(&e);
+    }
+    assert!(local(&mut m, at(6200), 0), "epoch 2 is past what it saw");
 }

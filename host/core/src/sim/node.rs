@@ -339,6 +339,9 @@ impl World {
             Effect::LeaseGranted(lease) => {
                 self.log(|| format!("{name}: lease {} granted", lease.0));
             }
+            // The simulated arbiter never loses a commit: a regression here
+            // is a bug the checker must see.
+            Effect::ArbiterRegressed(r) => panic!("{name}: {r}"),
             Effect::Fence { cause, .. } => self.fence(i, cause),
             Effect::TableChanged => {
                 let p = self.partitions;

@@ -745,9 +745,9 @@ impl World {
                 }
             }
             Request::Renew(lease) => match self.arbiter.renew(now, &node, lease) {
-                Ok(()) => {
+                Ok(mark) => {
                     self.checker.lease_committed(self.now, &node, lease, false);
-                    Reply::Renewed
+                    Reply::Renewed(mark)
                 }
                 Err(r) => refusal(r),
             },

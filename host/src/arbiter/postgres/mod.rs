@@ -134,7 +134,7 @@ impl Arbiter for PostgresArbiter {
         namespace: &'a str,
         node: &'a NodeId,
         lease: LeaseId,
-    ) -> ArbiterFuture<'a, ()> {
+    ) -> ArbiterFuture<'a, u64> {
         let (ns, node) = (namespace.to_owned(), node.clone());
         self.run(|db| async move { db.renew(&ns, &node, lease).await })
     }

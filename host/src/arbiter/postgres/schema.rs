@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS fief_module_versions (
 /// Columns added after 0.1.0's first schema, as `(table, column, the
 /// statement that adds it)`: run by the migration only when the column is
 /// missing (see the module header for why not unconditionally).
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 3] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
     (
         "fief_leases",
         "leaving",
@@ -89,6 +89,14 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 3] = [
         "fief_leases",
         "confirmed",
         "ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS confirmed boolean NOT NULL DEFAULT true",
+    ),
+    // The renewal mark: one higher at every renewal, so a node sees an
+    // arbiter that lost its renewals (a standby promoted after asynchronous
+    // replication) instead of trusting it.
+    (
+        "fief_leases",
+        "renewals",
+        "ALTER TABLE fief_leases ADD COLUMN IF NOT EXISTS renewals bigint NOT NULL DEFAULT 0",
     ),
 ];
 

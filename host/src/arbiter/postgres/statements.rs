@@ -71,22 +71,23 @@ impl Arbiter for Db {
         namespace: &'a str,
         node: &'a NodeId,
         lease: LeaseId,
-    ) -> ArbiterFuture<'a, ()> {
+    ) -> ArbiterFuture<'a, u64> {
         Box::pin(async move {
-            let updated = self
+            let row = self
                 .with(Conn::Lease, async |c| {
-                    c.execute(
-                        "UPDATE fief_leases SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond', confirmed = true
-                         WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()",
+                    c.query_opt(
+                        "UPDATE fief_leases SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond',
+                                confirmed = true, renewals = renewals + 1
+                         WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()
+                         RETURNING renewals",
                         &[&namespace, &node.as_str(), &(lease.0 as i64)],
                     )
                     .await
                 })
                 .await?;
-            if updated == 1 {
-                Ok(())
-            } else {
-                Err(ArbiterError::LeaseExpired(lease))
+            match row {
+                Some(row) => Ok(row.get::<_, i64>(0) as u64),
+                None => Err(ArbiterError::LeaseExpired(lease)),
             }
         })
     }
