@@ -14,7 +14,10 @@
 #     `postgresql` (a server on 127.0.0.1:5432, user postgres, trust auth, for
 #     the arbiter's tests; and the server binaries initdb and pg_ctl, with
 #     which tests/all/chaos.rs runs a server of its own), `stress-ng` (a test
-#     loads the CPUs with it).
+#     loads the CPUs with it), `etcd-server` (/usr/bin/etcd: the etcd
+#     arbiter's tests, tests/all/arbiter_etcd.rs, run real etcd clusters of
+#     their own on free ports; the package also starts a system etcd on
+#     2379/2380, which the tests never use).
 #
 # Idempotent, and quick when everything is present: it only checks. It runs
 # `apt-get update` only when a package must be installed. apt needs root: it
@@ -49,6 +52,7 @@ python3 -c 'import ensurepip' 2>/dev/null || packages+=(python3-venv)
 [ -x /usr/bin/chromium ] || packages+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
 command -v stress-ng >/dev/null 2>&1 || packages+=(stress-ng)
+[ -x /usr/bin/etcd ] || packages+=(etcd-server)
 pg_server_bin() {
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
     || { command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; }
@@ -102,6 +106,7 @@ if [ ${#packages[@]} -gt 0 ]; then
   [ -x /usr/bin/chromium ] || die "/usr/bin/chromium is still missing after installing chromium"
   command -v chromedriver >/dev/null 2>&1 || die "chromedriver is still not on PATH after installing chromium-driver"
   command -v stress-ng >/dev/null 2>&1 || die "stress-ng is still not on PATH after installing it"
+  [ -x /usr/bin/etcd ] || die "/usr/bin/etcd is still missing after installing etcd-server"
   pg_server_bin || die "initdb and pg_ctl are still missing after installing postgresql"
 fi
 
@@ -168,4 +173,4 @@ fi
 
 ./scripts/install-test-tools.sh
 
-say "ok: wasm32-wasip2, guest toolchains, schemathesis, chromium $(/usr/bin/chromium --version 2>/dev/null | awk '{print $2}'), chromedriver, stress-ng, PostgreSQL on 127.0.0.1:5432"
+say "ok: wasm32-wasip2, guest toolchains, schemathesis, chromium $(/usr/bin/chromium --version 2>/dev/null | awk '{print $2}'), chromedriver, stress-ng, etcd $(/usr/bin/etcd --version 2>/dev/null | awk 'NR == 1 {print $3}'), PostgreSQL on 127.0.0.1:5432"

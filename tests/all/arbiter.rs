@@ -1,8 +1,9 @@
 //! The arbiter's contracts (contract §3: presence, ownership table,
-//! leadership), run against both adapters: the in-process `LocalArbiter` on a
+//! leadership), run against the adapters: the in-process `LocalArbiter` on a
 //! stepped clock, and the `PostgresArbiter` against a real PostgreSQL server,
 //! where expiry is judged on the database's clock (so its test waits in real
-//! time, with generous margins).
+//! time, with generous margins). `arbiter_etcd.rs` runs the same contract on
+//! the `EtcdArbiter` (whole-second TTLs: etcd's leases are).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,25 +16,28 @@ use fief::core::{NodeId, PartitionCount, PartitionId};
 use fief_tests::multiprocess::{PG_ADDR, arbiter_url, test_database, unique_namespace};
 
 /// Lets time pass for the arbiter under test (stepped or real).
-type Wait = Box<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+pub(crate) type Wait =
+    Box<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
+/// The lease TTL of the contract on the local and PostgreSQL arbiters.
 const TTL: Duration = Duration::from_millis(600);
-const PARTITIONS: u32 = 8;
+pub(crate) const PARTITIONS: u32 = 8;
 
-/// The whole contract, on one arbiter and one namespace.
-async fn contract(arbiter: &dyn Arbiter, ns: &str, wait: Wait) {
+/// The whole contract, on one arbiter and one namespace, with leases of
+/// `ttl`.
+pub(crate) async fn contract(arbiter: &dyn Arbiter, ns: &str, wait: Wait, ttl: Duration) {
     let (a, b) = (NodeId::new("a"), NodeId::new("b"));
 
     // Presence: a lease is live until the arbiter judges it expired.
     let lease_a = arbiter
-        .register(ns, &a, TTL, Some("127.0.0.1:1"))
+        .register(ns, &a, ttl, Some("127.0.0.1:1"))
         .await
         .unwrap();
-    let lease_b = arbiter.register(ns, &b, TTL, None).await.unwrap();
+    let lease_b = arbiter.register(ns, &b, ttl, None).await.unwrap();
     let live = arbiter.live_nodes(ns).await.unwrap();
     assert_eq!(live.len(), 2);
     assert_eq!(live[0].peer_addr.as_deref(), Some("127.0.0.1:1"));
-    let err = arbiter.register(ns, &a, TTL, None).await.unwrap_err();
+    let err = arbiter.register(ns, &a, ttl, None).await.unwrap_err();
     assert!(
         matches!(err, ArbiterError::Refused(_)),
         "a node id is unique while its lease is current: {err}"
@@ -115,7 +119,7 @@ async fn contract(arbiter: &dyn Arbiter, ns: &str, wait: Wait) {
     // higher mark (how a node sees an arbiter that lost its renewals).
     let mut mark = 0;
     for _ in 0..4 {
-        wait(TTL / 3).await;
+        wait(ttl / 3).await;
         let next = arbiter.renew(ns, &a, lease_a).await.unwrap();
         assert!(next > mark, "renewal marks rise: {mark} then {next}");
         mark = next;
@@ -151,7 +155,7 @@ async fn contract(arbiter: &dyn Arbiter, ns: &str, wait: Wait) {
         arbiter.live_nodes(ns).await.unwrap().is_empty(),
         "a released lease is gone at once"
     );
-    let lease_a2 = arbiter.register(ns, &a, TTL, None).await.unwrap();
+    let lease_a2 = arbiter.register(ns, &a, ttl, None).await.unwrap();
     assert_ne!(lease_a2, lease_a);
     let table = arbiter.table(ns).await.unwrap();
     assert_eq!(
@@ -179,7 +183,7 @@ async fn the_local_arbiter_keeps_the_contract() {
         clock.advance(d);
         Box::pin(async {})
     });
-    contract(&arbiter, "ns", wait).await;
+    contract(&arbiter, "ns", wait, TTL).await;
 }
 
 #[tokio::test]
@@ -194,7 +198,7 @@ async fn the_postgres_arbiter_keeps_the_contract() {
     .await
     .unwrap();
     let wait: Wait = Box::new(|d| Box::pin(tokio::time::sleep(d)));
-    contract(&arbiter, &ns, wait).await;
+    contract(&arbiter, &ns, wait, TTL).await;
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use fief::{Instance, ModuleOptions, NodeConfig};
 
+pub mod etcd;
 pub mod history;
 pub mod scratch_postgres;
 pub mod storage_backend;

@@ -7,10 +7,12 @@
 //! leader alone writes the table). It also keeps the namespace's *module
 //! store* ([`StoredModule`]): every deployed module's versions, their bytes
 //! and which version is current, which every node follows. Adapters:
-//! [`LocalArbiter`] (in-process, the embedded default) and
-//! [`PostgresArbiter`]. Every method is scoped to a namespace, so several
-//! instances can share one arbiter.
+//! [`LocalArbiter`] (in-process, the embedded default),
+//! [`PostgresArbiter`] and [`EtcdArbiter`] (presence, leadership and the
+//! table in etcd; its module store another arbiter's). Every method is
+//! scoped to a namespace, so several instances can share one arbiter.
 
+mod etcd;
 mod local;
 mod modules;
 mod postgres;
@@ -25,6 +27,7 @@ use crate::error::Error;
 
 /// The bytes of a stored component (cheap to clone).
 pub use bytes::Bytes;
+pub use etcd::{DEFAULT_REQUEST_TIMEOUT, EtcdArbiter, EtcdOptions, EtcdUrl};
 pub use local::LocalArbiter;
 pub use modules::{ANONYMOUS, ModuleVersionRecord, NewModuleVersion, StoredModule};
 pub use postgres::PostgresArbiter;

@@ -53,6 +53,11 @@ pub const MAX_TENANT_CPU_WEIGHT: u32 = 1000;
 /// Most tenants `tenant_cpu_weights` may name.
 pub const MAX_TENANT_CPU_WEIGHTS: usize = 10_000;
 
+/// Why a node on an etcd arbiter needs PostgreSQL storage (the refusal's
+/// message, at validation and at start).
+pub const ETCD_NEEDS_POSTGRES: &str = "an etcd arbiter keeps no modules (etcd is not a blob \
+    store): give --storage postgres://… where the modules and the keys' durable state are kept";
+
 /// Configuration of one node (one instance of a namespace).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -61,8 +66,10 @@ pub struct NodeConfig {
     pub namespace: String,
     /// This node's id, unique within the namespace.
     pub node_id: String,
-    /// The arbiter: `local` (in-process, the embedded default) or a
-    /// PostgreSQL URL (`postgres://user@host:5432/db`).
+    /// The arbiter: `local` (in-process, the embedded default), a
+    /// PostgreSQL URL (`postgres://user@host:5432/db`), or an etcd cluster
+    /// (`etcd://host:port[,host:port…]/prefix`, which needs `storage` to be
+    /// a `postgres://` URL: the modules are kept there).
     pub arbiter: String,
     /// Address of the HTTP API.
     pub listen: SocketAddr,
@@ -224,7 +231,8 @@ pub struct NodeConfig {
     /// (a redb file, `state.redb` in `data_dir`; in memory without a
     /// `data_dir`), `memory` (in memory, lost when the node stops: for
     /// tests), or a `postgres://` URL. `None` (the default): the arbiter's
-    /// PostgreSQL database if the arbiter is one, else `embedded`.
+    /// PostgreSQL database if the arbiter is one, else `embedded` (an etcd
+    /// arbiter needs a `postgres://` URL: its modules are kept there too).
     pub storage: Option<String>,
     /// The node's own files (the embedded storage's `state.redb`). `None`:
     /// nothing is written to disk, and embedded storage is in memory.
@@ -335,12 +343,21 @@ impl NodeConfig {
             return bad("namespace and node_id must not be empty".to_owned());
         }
         PartitionCount::new(self.partitions).map_err(Error::Config)?;
-        if self.arbiter != "local"
+        if self.arbiter.starts_with("etcd://") {
+            crate::arbiter::EtcdUrl::parse(&self.arbiter).map_err(Error::Config)?;
+            if let Some(storage) = self.storage.as_deref()
+                && !storage.starts_with("postgres://")
+                && !storage.starts_with("postgresql://")
+            {
+                return bad(format!("storage `{storage}`: {ETCD_NEEDS_POSTGRES}"));
+            }
+        } else if self.arbiter != "local"
             && !self.arbiter.starts_with("postgres://")
             && !self.arbiter.starts_with("postgresql://")
         {
             return bad(format!(
-                "arbiter {:?} is neither `local` nor a postgres:// URL",
+                "arbiter {:?} is none of `local`, a postgres:// URL or an \
+                 etcd://host:port[,host:port…]/prefix URL",
                 self.arbiter
             ));
         }
@@ -519,6 +536,34 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         NodeConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn an_etcd_arbiter_needs_a_well_formed_url_and_postgres_storage() {
+        let with = |arbiter: &str, storage: Option<&str>| NodeConfig {
+            arbiter: arbiter.to_owned(),
+            storage: storage.map(str::to_owned),
+            ..NodeConfig::default()
+        };
+        let url = "etcd://10.0.0.1:2379,10.0.0.2:2379/fief";
+        with(url, Some("postgres://postgres@127.0.0.1:5432/fief"))
+            .validate()
+            .unwrap();
+        let err = with(url, Some("embedded"))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("etcd is not a blob store"), "{err}");
+        let err = with("etcd://10.0.0.1/fief", None)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not host:port"), "{err}");
+        let err = with("consul://x/y", None)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("etcd://host:port"), "{err}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use super::coordination::{Coordination, supervise};
 use super::{Instance, NodeShared};
-use crate::arbiter::{Arbiter, LocalArbiter, PostgresArbiter};
+use crate::arbiter::{Arbiter, EtcdArbiter, EtcdOptions, LocalArbiter, PostgresArbiter};
 use crate::cache::CacheStore;
 use crate::clock::{NodeClock, TokioClock};
 use crate::config::{ModuleOptions, NodeConfig};
@@ -111,13 +111,19 @@ impl InstanceBuilder {
         config.validate()?;
         let timing = config.lease_timing()?;
         let clock: Arc<dyn NodeClock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        // An etcd arbiter's modules are kept in the PostgreSQL storage:
+        // refuse before opening any store.
+        let etcd_modules = match &self.arbiter {
+            None if config.arbiter.starts_with("etcd://") => Some(etcd_module_store(&config)?),
+            _ => None,
+        };
         let backend = match self.storage {
             Some(backend) => backend,
             None => crate::storage::open(&config).await?,
         };
-        let arbiter: Arc<dyn Arbiter> = match self.arbiter {
-            Some(arbiter) => arbiter,
-            None if config.arbiter == "local" => {
+        let arbiter: Arc<dyn Arbiter> = match (self.arbiter, etcd_modules) {
+            (Some(arbiter), _) => arbiter,
+            (None, _) if config.arbiter == "local" => {
                 // A fresh embedded arbiter on a store that outlived an
                 // earlier run: grant tokens above every one it has seen.
                 let seen = backend.highest_fence_token().await.map_err(|e| {
@@ -130,7 +136,41 @@ impl InstanceBuilder {
                     LocalArbiter::new(clock.clone(), config.partition_count()).numbered_after(seen),
                 )
             }
-            None => Arc::new(
+            (None, Some(modules_url)) => {
+                let seen = backend.highest_fence_token().await.map_err(|e| {
+                    Error::Config(format!(
+                        "cannot read the storage's fence tokens ({}): {e}",
+                        backend.describe()
+                    ))
+                })?;
+                let modules = PostgresArbiter::connect(
+                    &modules_url,
+                    &config.namespace,
+                    config.partition_count(),
+                )
+                .await
+                .map_err(|e| {
+                    Error::Config(format!(
+                        "cannot use the etcd arbiter's module store (the storage's database): {e}"
+                    ))
+                })?;
+                let options = EtcdOptions {
+                    request_timeout: etcd_request_timeout(config.renew_interval),
+                    numbered_after: seen,
+                };
+                Arc::new(
+                    EtcdArbiter::connect(
+                        &config.arbiter,
+                        &config.namespace,
+                        config.partition_count(),
+                        options,
+                        Arc::new(modules),
+                    )
+                    .await
+                    .map_err(|e| Error::Config(format!("cannot use the arbiter: {e}")))?,
+                )
+            }
+            (None, None) => Arc::new(
                 PostgresArbiter::connect(
                     &config.arbiter,
                     &config.namespace,
@@ -300,6 +340,29 @@ impl InstanceBuilder {
             _guest_pool: guest_pool,
         })
     }
+}
+
+/// The PostgreSQL URL an etcd arbiter keeps its modules at: the storage's
+/// (etcd is not a blob store).
+///
+/// # Errors
+///
+/// [`Error::Config`] when the storage is not PostgreSQL.
+fn etcd_module_store(config: &NodeConfig) -> Result<String> {
+    match config.storage.as_deref() {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Ok(url.to_owned())
+        }
+        _ => Err(Error::Config(crate::config::ETCD_NEEDS_POSTGRES.to_owned())),
+    }
+}
+
+/// Each HTTP request of an etcd arbiter is bounded well below the renewal
+/// interval (a renewal is two requests, and a hung endpoint costs one
+/// timeout before the next is tried), within 100 ms to 2 s.
+fn etcd_request_timeout(renew_interval: std::time::Duration) -> std::time::Duration {
+    use std::time::Duration;
+    (renew_interval / 3).clamp(Duration::from_millis(100), Duration::from_secs(2))
 }
 
 impl Instance {

@@ -35,12 +35,17 @@ pub(crate) struct NodeArgs {
     /// A TOML file with node settings (the keys of `NodeConfig`).
     #[arg(long, env = "FIEF_CONFIG")]
     pub(crate) config: Option<PathBuf>,
-    /// The arbiter: `local` (embedded) or `postgres://user@host:5432/db`.
+    /// The arbiter: `local` (embedded), `postgres://user@host:5432/db`, or
+    /// `etcd://host:2379[,host:2379…]/prefix` (an etcd v3 cluster, 3.4 or
+    /// newer: leases, leadership and the table; needs --storage
+    /// postgres://…, where the modules are kept).
     #[arg(long, env = "FIEF_ARBITER")]
     pub(crate) arbiter: Option<String>,
     /// Where keys' durable state is kept: `embedded` (a redb file in
     /// --data-dir; in memory without one), `memory`, or a `postgres://` URL.
-    /// Default: the arbiter's database if it is PostgreSQL, else `embedded`.
+    /// Default: the arbiter's database if it is PostgreSQL, else `embedded`
+    /// (an etcd arbiter needs a `postgres://` URL here: its modules are
+    /// kept there too).
     #[arg(long, env = "FIEF_STORAGE")]
     pub(crate) storage: Option<String>,
     /// The node's own files (embedded storage's `state.redb`). Without it
