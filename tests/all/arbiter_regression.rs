@@ -25,16 +25,13 @@
 //! still serves) needs the copy to take over faster than this test can
 //! replace a server; `docs/operations.md` says what is and is not seen.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use fief_tests::history::{self, NodeRun, Note};
-use fief_tests::multiprocess::{ClusterNode, NodeSpec, call_url, post_key, unique_namespace};
+use fief_tests::multiprocess::unique_namespace;
 use fief_tests::scratch_postgres::ScratchPostgres;
-use fief_tests::{free_port, guests};
 
+use crate::logged_cluster::{Load, LoggedCluster};
 use crate::processes::{SERIAL, wait_settled};
 
 /// Long enough a TTL that the copy is taken, the third node joins and the
@@ -49,122 +46,6 @@ const TIMINGS: [&str; 6] = [
     "--fence-margin",
     "1s",
 ];
-const KEYS: usize = 16;
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-const START_LIMIT: Duration = Duration::from_secs(40);
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
-/// The nodes, their event logs, and what the test did.
-struct Cluster {
-    dir: tempfile::TempDir,
-    namespace: String,
-    arbiter: String,
-    peer_ports: Vec<u16>,
-    nodes: Vec<ClusterNode>,
-    /// (label, event log, when known gone) per process.
-    runs: Vec<(String, PathBuf, Option<u64>)>,
-    notes: Vec<Note>,
-    started: Instant,
-}
-
-impl Cluster {
-    fn note(&mut self, text: impl Into<String>) {
-        let text = text.into();
-        println!("{:>6.2}s: {text}", self.started.elapsed().as_secs_f64());
-        self.notes.push(Note {
-            t_us: now_us(),
-            text,
-        });
-    }
-
-    /// Start node `i` (`n{i+1}`), a new process of it if it ran before.
-    async fn spawn(&mut self, i: usize) {
-        let label = format!("n{}#{}", i + 1, self.runs.len());
-        let log = self.dir.path().join(format!("{label}.events.jsonl"));
-        let mut extra_args: Vec<String> = TIMINGS.iter().map(|s| (*s).to_owned()).collect();
-        extra_args.extend(["--event-log".to_owned(), log.display().to_string()]);
-        let spec = NodeSpec {
-            node_id: format!("n{}", i + 1),
-            namespace: self.namespace.clone(),
-            arbiter: self.arbiter.clone(),
-            deploy: vec![("probe".to_owned(), guests::PROBE.to_owned())],
-            extra_args,
-        };
-        let peer = format!("127.0.0.1:{}", self.peer_ports[i]);
-        let mut node = ClusterNode::spawn_with_peer_listen(&spec, &peer).await;
-        node.wait_current(START_LIMIT).await;
-        if i < self.nodes.len() {
-            let old = std::mem::replace(&mut self.nodes[i], node);
-            drop(old);
-        } else {
-            self.nodes.push(node);
-        }
-        self.runs.push((label.clone(), log, None));
-        self.note(format!("{label} started"));
-    }
-
-    /// SIGKILL every process; the run of each is closed.
-    fn kill_all(&mut self) {
-        for node in &mut self.nodes {
-            node.kill9();
-        }
-        let gone = now_us();
-        for run in &mut self.runs {
-            run.2.get_or_insert(gone);
-        }
-        self.note("every node SIGKILLed");
-    }
-
-    async fn statuses(&self) -> Vec<serde_json::Value> {
-        let mut all = Vec::new();
-        for node in &self.nodes {
-            all.push(node.status().await.unwrap_or_default());
-        }
-        all
-    }
-}
-
-/// Calls (`echo`) and casts (`record`) over every key through every node,
-/// each message unique (`tag` tells loads apart), until `stop`; counts the
-/// answers.
-async fn load(tag: &'static str, urls: Vec<String>, stop: Arc<AtomicBool>, ok: Arc<AtomicU64>) {
-    let client = reqwest::Client::new();
-    let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let (key, url) = (format!("k{}", n % KEYS), &urls[n % urls.len()]);
-        let answered = if n % 4 == 0 {
-            let message = format!("record {tag}{n}");
-            post_key(
-                &client,
-                url,
-                "probe",
-                &key,
-                "cast",
-                &message,
-                REQUEST_TIMEOUT,
-            )
-            .await
-            .is_ok()
-        } else {
-            let message = format!("echo {tag}{n}");
-            call_url(&client, url, "probe", &key, &message, REQUEST_TIMEOUT)
-                .await
-                .is_ok()
-        };
-        if answered {
-            ok.fetch_add(1, Ordering::Relaxed);
-        } else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_replaced_by_an_earlier_copy_is_refused_and_nobody_double_owns() {
@@ -174,23 +55,16 @@ async fn a_primary_replaced_by_an_earlier_copy_is_refused_and_nobody_double_owns
             .await
             .unwrap(),
     );
-    let mut cluster = Cluster {
-        dir: tempfile::tempdir().unwrap(),
-        namespace: unique_namespace("regression"),
-        arbiter: ScratchPostgres::url_via(&pg.addr()),
-        peer_ports: (0..3).map(|_| free_port()).collect(),
-        nodes: Vec::new(),
-        runs: Vec::new(),
-        notes: Vec::new(),
-        started: Instant::now(),
-    };
+    let mut cluster = LoggedCluster::new(
+        3,
+        unique_namespace("regression"),
+        ScratchPostgres::url_via(&pg.addr()),
+        &TIMINGS,
+    );
     cluster.spawn(0).await;
     cluster.spawn(1).await;
     wait_settled(&cluster.nodes).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-    let urls = |c: &Cluster| c.nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>();
-    let first_load = tokio::spawn(load("a", urls(&cluster), stop.clone(), ok.clone()));
+    let load = Load::start("a", cluster.urls());
 
     // The copy, then what it will miss: n3 joins and takes partitions.
     let copy = {
@@ -270,27 +144,21 @@ async fn a_primary_replaced_by_an_earlier_copy_is_refused_and_nobody_double_owns
 
     // While the arbiter is behind what they saw, nothing is served.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = ok.load(Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let served = ok.load(Ordering::Relaxed) - before;
+    let served = load.answered_within(Duration::from_secs(3)).await;
     assert_eq!(served, 0, "served while the arbiter is behind");
-    stop.store(true, Ordering::Relaxed);
-    first_load.await.unwrap();
+    load.stop().await;
 
     // The operator accepts the loss: every node stopped and started again.
     cluster.kill_all();
-    let before_restart = cluster.runs.len();
+    let before_restart = cluster.runs_so_far();
     for i in 0..3 {
         cluster.spawn(i).await;
     }
     wait_settled(&cluster.nodes).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let second_load = tokio::spawn(load("b", urls(&cluster), stop.clone(), ok.clone()));
-    let before = ok.load(Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(ok.load(Ordering::Relaxed) > before, "served again");
-    stop.store(true, Ordering::Relaxed);
-    second_load.await.unwrap();
+    let load = Load::start("b", cluster.urls());
+    let served = load.answered_within(Duration::from_secs(2)).await;
+    assert!(served > 0, "served again");
+    load.stop().await;
     for s in cluster.statuses().await {
         assert!(s["arbiter_regression"].is_null(), "a new process: {s}");
     }
@@ -300,14 +168,8 @@ async fn a_primary_replaced_by_an_earlier_copy_is_refused_and_nobody_double_owns
     // its numbering goes on from the copy's and the tokens of the lost
     // commits are forgotten (every process that held them is dead; durable
     // state is fenced by the store's own tokens, docs/operations.md).
-    let mut runs: Vec<NodeRun> = cluster
-        .runs
-        .iter()
-        .map(|(label, log, gone)| NodeRun::read(label, log, *gone))
-        .collect();
-    let after = runs.split_off(before_restart);
-    let summary = history::assert_single_ownership(&runs, &cluster.notes);
+    let summary = cluster.judge(0..before_restart);
     println!("history up to the restart: {summary:?}");
-    let summary = history::assert_single_ownership(&after, &cluster.notes);
+    let summary = cluster.judge(before_restart..cluster.runs_so_far());
     println!("history after it: {summary:?}");
 }

@@ -245,10 +245,7 @@ mod tests {
         h.table(&two).unwrap();
         h.table(&two).unwrap();
         assert_eq!(h.epoch(), Some(2));
-        assert_eq!(
-            h.table(&one),
-            Err(Regression::Epoch { seen: 2, got: 1 })
-        );
+        assert_eq!(h.table(&one), Err(Regression::Epoch { seen: 2, got: 1 }));
         // The same epoch made again, differently: the arbiter lost the
         // change this node read and wrote another under its number.
         let other = table_with(&[(0, "a"), (1, "c")]);

@@ -623,9 +623,15 @@ fn fenced_for(effects: &[Effect]) -> Option<&'static str> {
 /// was sent.
 fn registers_between(m: &mut Membership, from: u64, to: u64) -> Option<u64> {
     (from..to).step_by(100).find(|&t| {
-        m.on_tick(at(t))
-            .iter()
-            .any(|e| matches!(e, Effect::Arbiter { request: Request::Register, .. }))
+        m.on_tick(at(t)).iter().any(|e| {
+            matches!(
+                e,
+                Effect::Arbiter {
+                    request: Request::Register,
+                    ..
+                }
+            )
+        })
     })
 }
 
@@ -660,10 +666,7 @@ fn a_table_below_the_epoch_seen_is_refused_and_fences() {
     let mut m = joined(three(), table());
     // A promoted standby that lost the table's last change: epoch 0.
     let e = round(&mut m, 1000, 1, OwnershipTable::new(table().partitions()));
-    assert_eq!(
-        regressed(&e),
-        Some(Regression::Epoch { seen: 1, got: 0 })
-    );
+    assert_eq!(regressed(&e), Some(Regression::Epoch { seen: 1, got: 0 }));
     assert_eq!(fenced_for(&e), Some(crate::coordinator::ARBITER_REGRESSED));
     assert!(!e.contains(&Effect::TableChanged), "never adopted");
     assert!(!local(&mut m, at(1100), 0));
