@@ -141,6 +141,9 @@ pub enum Action {
 struct Outstanding {
     id: RequestId,
     sent: Instant,
+    /// The highest table epoch seen when it was sent: a table answer below
+    /// it is a regression (see [`ArbiterHistory::table`]).
+    asked_after: Option<u64>,
     deadline: Instant,
     stage: Stage,
 }
@@ -302,15 +305,21 @@ impl Coordinator {
         self.lease.take_renewal_counts()
     }
 
-    /// An answer outside the round (a transfer's, a refresh's, a leave's)
-    /// brought `table`: judge it against the arbiter's history as seen.
+    /// An answer outside the round (a transfer's, a refresh's, a leave's),
+    /// to a request sent when the highest epoch seen was `asked_after`
+    /// ([`Coordinator::highest_epoch_seen`] then), brought `table`: judge it
+    /// against the arbiter's history as seen.
     ///
     /// # Errors
     ///
     /// The [`Regression`], recorded nowhere: call
     /// [`Coordinator::regressed`] with it.
-    pub fn check_table(&mut self, table: &OwnershipTable) -> Result<(), Regression> {
-        self.history.table(table)
+    pub fn check_table(
+        &mut self,
+        table: &OwnershipTable,
+        asked_after: Option<u64>,
+    ) -> Result<(), Regression> {
+        self.history.table(table, asked_after)
     }
 
     /// The arbiter went back in time: fence now (if the node holds a lease)
@@ -397,6 +406,7 @@ impl Coordinator {
         Outstanding {
             id,
             sent: now,
+            asked_after: self.history.epoch(),
             deadline: now + self.lease.timing().renew_interval(),
             stage,
         }
@@ -501,11 +511,11 @@ impl Coordinator {
                 let next = match waiting {
                     Some(o) => match reply.take() {
                         Some((id, answer)) if id == o.id => {
-                            self.advance(now, lease, o.sent, o.stage, answer, out)
+                            self.advance(now, lease, &o, answer, out)
                         }
                         _ if now >= o.deadline => {
                             let answer = Reply::Failed("no answer in time".to_owned());
-                            self.advance(now, lease, o.sent, o.stage, answer, out)
+                            self.advance(now, lease, &o, answer, out)
                         }
                         _ => Some(o),
                     },
@@ -535,13 +545,13 @@ impl Coordinator {
         &mut self,
         now: Instant,
         lease: LeaseId,
-        sent: Instant,
-        stage: Stage,
+        asked: &Outstanding,
         answer: Reply,
         out: &mut Vec<Action>,
     ) -> Option<Outstanding> {
+        let (sent, stage) = (asked.sent, asked.stage.clone());
         if let Reply::Table(table) = &answer
-            && let Err(r) = self.history.table(table)
+            && let Err(r) = self.history.table(table, asked.asked_after)
         {
             out.extend(self.regressed(now, r));
             return None;

@@ -154,27 +154,37 @@ impl ArbiterHistory {
         }
     }
 
-    /// The arbiter answered with `table`: its epoch must not be below the
-    /// highest seen, and at that epoch it must be the table seen.
+    /// The arbiter answered a request sent when this node had seen epoch
+    /// `asked_after` ([`ArbiterHistory::epoch`] then) with `table`: its
+    /// epoch must not be below that, and if the node still knows no newer
+    /// table, at that epoch it must be the table seen. An answer below a
+    /// table seen only *after* the request was sent is no regression: two
+    /// reads in flight at once (the round's, a refresh's) may answer in
+    /// either order, and a node's own write may overtake its earlier read.
     ///
     /// # Errors
     ///
     /// [`Regression::Epoch`] or [`Regression::Rewritten`].
-    pub fn table(&mut self, table: &OwnershipTable) -> Result<(), Regression> {
-        match &self.table {
-            Some(seen) if table.epoch() < seen.epoch() => Err(Regression::Epoch {
-                seen: seen.epoch(),
+    pub fn table(
+        &mut self,
+        table: &OwnershipTable,
+        asked_after: Option<u64>,
+    ) -> Result<(), Regression> {
+        if let Some(seen) = asked_after
+            && table.epoch() < seen
+        {
+            return Err(Regression::Epoch {
+                seen,
                 got: table.epoch(),
-            }),
-            Some(seen) if table.epoch() == seen.epoch() => {
-                if table == seen {
-                    Ok(())
-                } else {
-                    Err(Regression::Rewritten {
-                        epoch: table.epoch(),
-                    })
-                }
+            });
+        }
+        match &self.table {
+            Some(seen) if table.epoch() == seen.epoch() && table != seen => {
+                Err(Regression::Rewritten {
+                    epoch: table.epoch(),
+                })
             }
+            Some(seen) if table.epoch() <= seen.epoch() => Ok(()),
             _ => {
                 self.table = Some(table.clone());
                 Ok(())
@@ -241,18 +251,40 @@ mod tests {
         let mut h = ArbiterHistory::new();
         let one = table_with(&[(0, "a")]);
         let two = table_with(&[(0, "a"), (1, "b")]);
-        h.table(&one).unwrap();
-        h.table(&two).unwrap();
-        h.table(&two).unwrap();
+        h.table(&one, None).unwrap();
+        h.table(&two, Some(1)).unwrap();
+        h.table(&two, Some(2)).unwrap();
         assert_eq!(h.epoch(), Some(2));
-        assert_eq!(h.table(&one), Err(Regression::Epoch { seen: 2, got: 1 }));
+        assert_eq!(
+            h.table(&one, Some(2)),
+            Err(Regression::Epoch { seen: 2, got: 1 })
+        );
         // The same epoch made again, differently: the arbiter lost the
         // change this node read and wrote another under its number.
         let other = table_with(&[(0, "a"), (1, "c")]);
-        assert_eq!(h.table(&other), Err(Regression::Rewritten { epoch: 2 }));
+        assert_eq!(
+            h.table(&other, Some(1)),
+            Err(Regression::Rewritten { epoch: 2 })
+        );
         // Newer tables are taken.
-        h.table(&table_with(&[(0, "a"), (1, "b"), (2, "c")]))
+        h.table(&table_with(&[(0, "a"), (1, "b"), (2, "c")]), Some(2))
             .unwrap();
         assert_eq!(h.epoch(), Some(3));
+    }
+
+    #[test]
+    fn an_answer_overtaken_by_a_newer_table_is_no_regression() {
+        let mut h = ArbiterHistory::new();
+        let one = table_with(&[(0, "a")]);
+        let two = table_with(&[(0, "a"), (1, "b")]);
+        h.table(&one, None).unwrap();
+        // A read sent at epoch 1; meanwhile the node's own write (or another
+        // read) brought epoch 2; the read answers with epoch 1.
+        let asked_after = h.epoch();
+        h.table(&two, Some(1)).unwrap();
+        assert_eq!(h.table(&one, asked_after), Ok(()));
+        assert_eq!(h.epoch(), Some(2), "the older answer is not recorded");
+        // Sent after epoch 2 was seen, the same answer is a regression.
+        assert!(h.table(&one, h.epoch()).is_err());
     }
 }

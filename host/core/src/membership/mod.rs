@@ -254,6 +254,9 @@ struct Op {
     kind: OpKind,
     /// Past it, the op is answered as failed ("no answer in time").
     deadline: Option<Instant>,
+    /// The highest table epoch seen when it began: a table in its answer
+    /// below it is a regression, one below a newer table seen since is not.
+    asked_after: Option<u64>,
 }
 
 /// What follows an adoption once it is done.
@@ -577,6 +580,7 @@ impl Membership {
                     Op {
                         kind: OpKind::Refresh(m.lease),
                         deadline: Some(deadline),
+                        asked_after: m.coord.highest_epoch_seen(),
                     },
                 );
                 m.refresh_in_flight = Some((id, Vec::new()));
@@ -645,7 +649,15 @@ impl Membership {
     fn op(&mut self, kind: OpKind, deadline: Option<Instant>) -> OpId {
         self.next_op += 1;
         let id = OpId(self.next_op);
-        self.ops.insert(id, Op { kind, deadline });
+        let asked_after = self.coord.highest_epoch_seen();
+        self.ops.insert(
+            id,
+            Op {
+                kind,
+                deadline,
+                asked_after,
+            },
+        );
         id
     }
 
@@ -676,7 +688,7 @@ impl Membership {
         // A table from before what this node has seen is no answer: the op
         // fails as if it were lost, then the node fences.
         let regression = match &reply {
-            Reply::Table(table) => self.coord.check_table(table).err(),
+            Reply::Table(table) => self.coord.check_table(table, o.asked_after).err(),
             _ => None,
         };
         let reply = match &regression {

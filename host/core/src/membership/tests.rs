@@ -694,3 +694,27 @@ fn a_table_below_the_epoch_seen_is_refused_and_fences() {
     }
     assert!(local(&mut m, at(6200), 0), "epoch 2 is past what it saw");
 }
+
+#[test]
+fn a_read_overtaken_by_a_newer_table_is_no_regression() {
+    let mut m = joined(three(), table());
+    // A refresh reads the table at epoch 1 …
+    let (refresh, e) = m.refresh_table(at(900));
+    let (op, req) = op_request(&e).expect("the refresh reads the table");
+    assert_eq!(req, Request::Table);
+    // … the round meanwhile reads epoch 2 (another node's change) …
+    let mut newer = table();
+    newer.reassign([(PartitionId(3), Some(NodeId::new("b")))]);
+    let e = round(&mut m, 1000, 1, newer);
+    assert_eq!(regressed(&e), None);
+    assert_eq!(m.table().epoch(), 2);
+    // … and then the refresh answers with what it read: older, not lost.
+    let e = m.on_op_reply(at(1100), op, Reply::Table(table()));
+    assert_eq!(regressed(&e), None, "{e:?}");
+    assert_eq!(fenced_for(&e), None);
+    assert!(e.contains(&Effect::Refreshed {
+        op: refresh,
+        changed: false
+    }));
+    assert!(local(&mut m, at(1200), 0), "still serving");
+}

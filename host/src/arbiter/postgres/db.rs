@@ -190,26 +190,32 @@ impl Db {
         namespace: &str,
         partitions: PartitionCount,
     ) -> Result<Result<OwnershipTable, String>, tokio_postgres::Error> {
-        let epoch: i64 = client
-            .query_one(
-                "SELECT epoch FROM fief_namespaces WHERE namespace = $1",
-                &[&namespace],
-            )
-            .await?
-            .get(0);
+        // One statement, so one snapshot: the epoch and the owners of the
+        // same table, even outside a transaction while another node writes
+        // it (read in two statements, a reader could get one epoch with the
+        // next table's owners).
         let rows = client
             .query(
-                "SELECT partition, node_id, token, handed_from FROM fief_partitions WHERE namespace = $1",
+                "SELECT n.epoch, p.partition, p.node_id, p.token, p.handed_from
+                 FROM fief_namespaces n LEFT JOIN fief_partitions p ON p.namespace = n.namespace
+                 WHERE n.namespace = $1",
                 &[&namespace],
             )
             .await?;
+        let Some(epoch) = rows.first().map(|row| row.get::<_, i64>(0)) else {
+            return Ok(Err(format!("namespace {namespace} does not exist")));
+        };
         let mut owners = vec![None; partitions.get() as usize];
         for row in rows {
-            let partition: i32 = row.get(0);
-            let node: Option<String> = row.get(1);
-            let token: i64 = row.get(2);
-            let handed_from: Option<i64> = row.get(3);
-            if let (Some(slot), Some(node)) = (owners.get_mut(partition as usize), node) {
+            let Some(partition) = row.get::<_, Option<i32>>(1) else {
+                continue;
+            };
+            let node: Option<String> = row.get(2);
+            let token: Option<i64> = row.get(3);
+            let handed_from: Option<i64> = row.get(4);
+            if let (Some(slot), Some(node), Some(token)) =
+                (owners.get_mut(partition as usize), node, token)
+            {
                 *slot = Some(Assignment {
                     node: NodeId::new(node),
                     token: OwnershipToken(token as u64),

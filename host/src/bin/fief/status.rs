@@ -126,6 +126,12 @@ pub(crate) fn render(status: &Value) -> String {
             ""
         }
     );
+    if let Some(regression) = status["arbiter_regression"].as_str() {
+        let _ = writeln!(
+            out,
+            "ARBITER WENT BACK IN TIME (the node fenced): {regression}"
+        );
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -285,5 +291,19 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("throttled 0.000 s"), "{text}");
+        assert!(!text.contains("BACK IN TIME"), "{text}");
+    }
+
+    #[test]
+    fn an_arbiter_that_went_back_in_time_is_shown_first() {
+        let status = serde_json::json!({
+            "node_id": "a", "lease": "fenced", "fences": 2,
+            "arbiter_regression": "the arbiter went back in time: its partition table is at epoch 1, but this node has read epoch 3"
+        });
+        let text = render(&status);
+        assert!(
+            text.contains("ARBITER WENT BACK IN TIME (the node fenced): the arbiter went back in time: its partition table is at epoch 1"),
+            "{text}"
+        );
     }
 }
