@@ -13,6 +13,7 @@
 pub(crate) mod compile;
 mod cpu;
 mod dir;
+mod etcd_url;
 pub(crate) mod http;
 mod module;
 mod names;
@@ -36,6 +37,7 @@ pub use bytesize::ByteSize;
 use crate::error::{Error, Result};
 pub use cpu::{CpuCores, CpuShare};
 pub use dir::DirGrant;
+pub use etcd_url::EtcdUrl;
 pub use module::{ModuleCeilings, ModuleOptions};
 pub use names::{validate_key, validate_module_name, validate_qualified_module_name};
 
@@ -344,7 +346,7 @@ impl NodeConfig {
         }
         PartitionCount::new(self.partitions).map_err(Error::Config)?;
         if self.arbiter.starts_with("etcd://") {
-            crate::arbiter::EtcdUrl::parse(&self.arbiter).map_err(Error::Config)?;
+            EtcdUrl::parse(&self.arbiter).map_err(Error::Config)?;
             if let Some(storage) = self.storage.as_deref()
                 && !storage.starts_with("postgres://")
                 && !storage.starts_with("postgresql://")

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use fief_core::{NodeId, OwnershipTable, PartitionId};
+use tokio_postgres::types::Type;
 
 use super::db::{Conn, Db, version_record};
 use crate::arbiter::{
@@ -75,12 +76,18 @@ impl Arbiter for Db {
         Box::pin(async move {
             let row = self
                 .with(Conn::Lease, async |c| {
-                    c.query_opt(
+                    // Typed parameters: one round trip (a text statement
+                    // with untyped parameters is prepared first, two).
+                    c.query_typed_opt(
                         "UPDATE fief_leases SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond',
                                 confirmed = true, renewals = renewals + 1
                          WHERE namespace = $1 AND node_id = $2 AND lease_id = $3 AND expires_at > clock_timestamp()
                          RETURNING renewals",
-                        &[&namespace, &node.as_str(), &(lease.0 as i64)],
+                        &[
+                            (&namespace, Type::TEXT),
+                            (&node.as_str(), Type::TEXT),
+                            (&(lease.0 as i64), Type::INT8),
+                        ],
                     )
                     .await
                 })
