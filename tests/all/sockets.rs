@@ -216,6 +216,13 @@ async fn limits_close_a_connection_with_their_code_and_the_rest_serve_on() {
     assert!(matches!(ended, Some(1009) | None), "{ended:?}");
 
     // The node's limit: a connect past it is refused before the upgrade.
+    // (The three closed above free their places when their socket tasks
+    // end, a moment after the client saw the close: wait for it, or `b`
+    // can find the node still full.)
+    eventually(PATIENCE, "the closed sockets released", || {
+        node.status().sockets == 2
+    })
+    .await;
     let _a = connect(&server, "chat", "a").await;
     let _b = connect(&server, "chat", "b").await;
     eventually(PATIENCE, "four sockets held", || node.status().sockets == 4).await;
