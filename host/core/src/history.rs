@@ -99,7 +99,7 @@ impl fmt::Display for Regression {
              asynchronous replication, or a database restored from a backup?). This node \
              fenced instead of trusting it and serves nothing while the arbiter is behind \
              what it saw. Bring back the lost commits, or accept the loss: stop every node, \
-             then start them again (docs/operations.md, \"When the arbiter goes back in time\")",
+             then start them again (docs/operations.md, \"A replicated PostgreSQL, and when the arbiter goes back in time\")",
         )
     }
 }
