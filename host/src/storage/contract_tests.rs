@@ -570,6 +570,38 @@ async fn the_highest_fence_token_is_the_top_of_every_partition(b: &dyn Backend) 
     assert_eq!(token().await, 11);
 }
 
+/// A load read beside the rounds answers what a round would, or nothing:
+/// never when the load would raise the token, and it raises nothing.
+async fn a_read_load_answers_as_a_round_would_or_not_at_all(b: &dyn Backend) {
+    let s = scope("acme/m", "k");
+    let other = scope("acme/m", "other");
+    let at = |f: Fence| Load {
+        scope: s.clone(),
+        fence: f,
+    };
+    assert_eq!(b.read_load(&at(fence(2, 5))), None, "raising 0 → 5");
+    load(b, &s, fence(2, 5)).await;
+    let writes = vec![put("a", b"1"), set_alarm("wake", 1_700_000_000_000)];
+    commit_one(b, commit(&s, fence(2, 5), writes, 2)).await;
+    commit_one(b, commit(&other, fence(2, 5), vec![put("b", b"22")], 3)).await;
+    if let Some(read) = b.read_load(&at(fence(2, 5))) {
+        let read = read.expect("a read");
+        assert_eq!(read, load(b, &s, fence(2, 5)).await);
+        let Outcome::Done(loaded) = read else {
+            panic!("the owner's read was refused: {read:?}")
+        };
+        assert_eq!(loaded.entries, entries(&[("a", b"1")]));
+        assert_eq!(loaded.tenant_bytes, 5);
+    }
+    assert_eq!(b.read_load(&at(fence(2, 6))), None, "raising 5 → 6");
+    if let Some(read) = b.read_load(&at(fence(2, 4))) {
+        assert_eq!(read, Ok(Outcome::Stale { current: 5 }));
+    }
+    // Nothing was raised: the owner under 5 still commits.
+    let landed = commit_one(b, commit(&s, fence(2, 5), vec![put("a", b"2")], 0)).await;
+    assert_eq!(landed, Outcome::Done(5));
+}
+
 /// Instantiate every rule for one backend, as a module of tests.
 macro_rules! rules_for {
     ($kind:ident: $($rule:ident),* $(,)?) => {
@@ -606,6 +638,7 @@ macro_rules! contract {
                 alarms_land_with_their_commit_and_load_with_their_key,
                 a_stale_commit_sets_and_cancels_no_alarm,
                 a_partition_alarm_load_sees_the_commits_before_it_and_fences_older_owners,
+                a_read_load_answers_as_a_round_would_or_not_at_all,
             );
         )*
     };
@@ -677,6 +710,29 @@ async fn a_file_that_is_not_redb_is_a_clear_error() {
     assert!(e.contains(&path.display().to_string()), "{e}");
     assert!(e.contains("cannot be opened as a redb database"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The embedded store answers loads that change nothing beside the rounds
+/// (the rule above holds what it answers).
+#[tokio::test]
+async fn the_embedded_store_reads_loads_that_change_nothing() {
+    for subject in [in_memory().await, on_file().await] {
+        let b = subject.backend.as_ref();
+        let s = scope("acme/m", "k");
+        let at = |f: Fence| Load {
+            scope: s.clone(),
+            fence: f,
+        };
+        load(b, &s, fence(1, 3)).await;
+        assert!(matches!(
+            b.read_load(&at(fence(1, 3))),
+            Some(Ok(Outcome::Done(_)))
+        ));
+        assert!(matches!(
+            b.read_load(&at(fence(1, 2))),
+            Some(Ok(Outcome::Stale { current: 3 }))
+        ));
+    }
 }
 
 #[tokio::test]

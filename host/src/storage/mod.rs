@@ -46,6 +46,7 @@ mod embedded;
 mod plan;
 mod postgres;
 pub(crate) mod state;
+mod unsettled;
 pub(crate) mod writer;
 
 pub use embedded::EmbeddedBackend;
@@ -232,6 +233,23 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Apply `round` in one transaction, as the module header says.
     fn round(&self, round: Round) -> BoxFuture<'_, Result<RoundResult, BackendError>>;
+
+    /// Answer `load` at once, on the caller's thread, from a read of what
+    /// has landed, when it needs no write: the partition's stored fence
+    /// token already is the load's (a `Done` read) or is higher (`Stale`).
+    /// `None` sends it through a round: the load raises the token, or the
+    /// backend does not read this way (the default). Its answer must be what
+    /// a round holding only this load would answer.
+    ///
+    /// A backend may answer only if its rounds land one after another: a
+    /// round abandoned by its caller (timed out) has landed or failed before
+    /// the next round returns. The writer reads beside its rounds only for a
+    /// key with no commit in flight and no abandoned round since the last
+    /// answered one (`writer.rs`, `storage/unsettled.rs`).
+    fn read_load(&self, load: &Load) -> Option<Result<Outcome<Loaded>, BackendError>> {
+        let _ = load;
+        None
+    }
 
     /// Read up to `limit` entries of a key whose names start with `prefix`,
     /// sorted, for operators (`fief state`, `GET /v1/state`): no fence token

@@ -9,6 +9,11 @@
 //! node always loads what its previous process committed, even though the
 //! ownership token did not change between them.
 //!
+//! A load that changes nothing (its partition's fence token already is the
+//! load's) of a key with nothing in flight is read at once beside the rounds
+//! when the backend can ([`Backend::read_load`], `unsettled.rs`): the same
+//! answer, without two thread hops and a write transaction.
+//!
 //! It also keeps the node's view of each tenant's stored bytes (what the
 //! store answered last), which writes are checked against, and the storage
 //! metrics; and it tells the node's alarm schedule ([`AlarmSink`]) of every
@@ -27,6 +32,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot};
 
+use super::unsettled::{InFlight, Unsettled};
 use super::{Backend, BackendError, Commit, Fence, KeyScope, Load, Loaded, Outcome, Round, Write};
 use fief_core::alarm::{AlarmChange, StoredAlarm};
 
@@ -55,8 +61,41 @@ fn alarm_changes(writes: &[Write]) -> Vec<AlarmChange> {
         .collect()
 }
 
-/// What each tenant stores, as the store last answered.
-type Tenants = Mutex<HashMap<String, u64>>;
+/// What the writer and its task share: what each tenant stores (as the
+/// store last answered), the metrics, and what is in flight.
+struct Books {
+    tenants: Mutex<HashMap<String, u64>>,
+    metrics: StorageMetrics,
+    unsettled: Unsettled,
+}
+
+impl Books {
+    /// The store answered that `tenant` stores `bytes`.
+    fn learnt(&self, tenant: &str, bytes: u64) {
+        self.metrics
+            .tenant_bytes
+            .get_or_create(&[("tenant", tenant.to_owned())])
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        tenants.insert(tenant.to_owned(), bytes);
+    }
+
+    /// Count a load's answer (and learn its tenant's bytes).
+    fn load_answered(&self, tenant: &str, answer: &Result<Outcome<Loaded>, BackendError>) {
+        let label = match answer {
+            Ok(Outcome::Done(loaded)) => {
+                self.learnt(tenant, loaded.tenant_bytes);
+                "ok"
+            }
+            Ok(Outcome::Stale { .. }) => "stale",
+            Err(_) => "failed",
+        };
+        self.metrics
+            .loads
+            .get_or_create(&[("outcome", label)])
+            .inc();
+    }
+}
 
 /// The node's alarm sink, once the node has set it.
 type SinkCell = Arc<OnceLock<Arc<dyn AlarmSink>>>;
@@ -125,7 +164,7 @@ impl StorageMetrics {
 enum Request {
     Commit(
         Commit,
-        Instant,
+        (Instant, InFlight),
         oneshot::Sender<Result<Outcome<u64>, BackendError>>,
     ),
     Load(Load, oneshot::Sender<Result<Outcome<Loaded>, BackendError>>),
@@ -158,26 +197,35 @@ impl Request {
 pub(crate) struct StorageWriter {
     tx: mpsc::UnboundedSender<Request>,
     backend: Arc<dyn Backend>,
-    tenants: Arc<Mutex<HashMap<String, u64>>>,
+    books: Arc<Books>,
     sink: SinkCell,
 }
 
 impl StorageWriter {
     /// Start the pipeline on the current tokio runtime.
     pub(crate) fn start(backend: Arc<dyn Backend>, metrics: StorageMetrics) -> Arc<Self> {
+        Self::start_with(backend, metrics, ROUND_TIMEOUT)
+    }
+
+    /// [`StorageWriter::start`] with rounds given up after `timeout`.
+    fn start_with(
+        backend: Arc<dyn Backend>,
+        metrics: StorageMetrics,
+        timeout: Duration,
+    ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let tenants = Arc::new(Mutex::new(HashMap::new()));
-        let sink = SinkCell::default();
-        tokio::spawn(run(
-            backend.clone(),
-            rx,
-            (tenants.clone(), sink.clone()),
+        let books = Arc::new(Books {
+            tenants: Mutex::new(HashMap::new()),
             metrics,
-        ));
+            unsettled: Unsettled::default(),
+        });
+        let sink = SinkCell::default();
+        let shared = (books.clone(), sink.clone());
+        tokio::spawn(run(backend.clone(), rx, shared, timeout));
         Arc::new(StorageWriter {
             tx,
             backend,
-            tenants,
+            books,
             sink,
         })
     }
@@ -201,12 +249,20 @@ impl StorageWriter {
 
     /// Bytes `tenant` stores, as the store last answered this node.
     pub(crate) fn tenant_bytes(&self, tenant: &str) -> u64 {
-        let tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        let tenants = self.books.tenants.lock().unwrap_or_else(|e| e.into_inner());
         tenants.get(tenant).copied().unwrap_or(0)
     }
 
-    /// Load a key's state (raising its partition's fence token).
+    /// Load a key's state (raising its partition's fence token): read at
+    /// once when the key is settled and the load changes nothing, else in
+    /// the next round (see the module header).
     pub(crate) async fn load(&self, load: Load) -> Result<Outcome<Loaded>, BackendError> {
+        if self.books.unsettled.settled(&load.scope)
+            && let Some(answer) = self.backend.read_load(&load)
+        {
+            self.books.load_answered(load.scope.tenant(), &answer);
+            return answer;
+        }
         let (tx, rx) = oneshot::channel();
         self.send(Request::Load(load, tx))?;
         answer(rx).await
@@ -215,7 +271,11 @@ impl StorageWriter {
     /// Commit a callback's writes; answers once its round has landed.
     pub(crate) async fn commit(&self, commit: Commit) -> Result<Outcome<u64>, BackendError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Request::Commit(commit, Instant::now(), tx))?;
+        let in_flight = self.books.unsettled.handed(&commit.scope);
+        if let Err(e) = self.send(Request::Commit(commit, (Instant::now(), in_flight), tx)) {
+            self.books.unsettled.answered(in_flight);
+            return Err(e);
+        }
         answer(rx).await
     }
 
@@ -238,8 +298,8 @@ async fn answer<T>(rx: oneshot::Receiver<Result<T, BackendError>>) -> Result<T, 
 async fn run(
     backend: Arc<dyn Backend>,
     mut rx: mpsc::UnboundedReceiver<Request>,
-    (tenants, sink): (Arc<Mutex<HashMap<String, u64>>>, SinkCell),
-    metrics: StorageMetrics,
+    (books, sink): (Arc<Books>, SinkCell),
+    timeout: Duration,
 ) {
     let mut carried: Option<Request> = None;
     loop {
@@ -262,7 +322,7 @@ async fn run(
             bytes += size;
             requests.push(next);
         }
-        run_round(&*backend, requests, (&tenants, sink.get()), &metrics).await;
+        run_round(&*backend, requests, (&books, sink.get()), timeout).await;
     }
 }
 
@@ -270,9 +330,10 @@ async fn run(
 async fn run_round(
     backend: &dyn Backend,
     requests: Vec<Request>,
-    (tenants, sink): (&Tenants, Option<&Arc<dyn AlarmSink>>),
-    metrics: &StorageMetrics,
+    (books, sink): (&Books, Option<&Arc<dyn AlarmSink>>),
+    timeout: Duration,
 ) {
+    let metrics = &books.metrics;
     metrics.round_size.observe(requests.len() as f64);
     let mut round = Round::default();
     let (mut commit_waiters, mut load_waiters) = (Vec::new(), Vec::new());
@@ -280,8 +341,8 @@ async fn run_round(
     let mut alarm_commits = Vec::new();
     for request in requests {
         match request {
-            Request::Commit(commit, since, tx) => {
-                commit_waiters.push((commit.scope.tenant().to_owned(), since, tx));
+            Request::Commit(commit, sent, tx) => {
+                commit_waiters.push((commit.scope.tenant().to_owned(), sent, tx));
                 let changes = if sink.is_some() {
                     alarm_changes(&commit.writes)
                 } else {
@@ -298,16 +359,24 @@ async fn run_round(
         }
     }
     let round_alarm_fences = round.partition_alarms.clone();
-    let result = match tokio::time::timeout(ROUND_TIMEOUT, backend.round(round)).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::Unavailable(format!(
-            "the store did not answer within {ROUND_TIMEOUT:?}"
-        ))),
+    let result = match tokio::time::timeout(timeout, backend.round(round)).await {
+        Ok(result) => {
+            books.unsettled.came_back();
+            result
+        }
+        Err(_) => {
+            // Before its commits are answered: it may still land.
+            books.unsettled.abandoned();
+            Err(BackendError::Unavailable(format!(
+                "the store did not answer within {timeout:?}"
+            )))
+        }
     };
     let result = match result {
         Ok(result) => result,
         Err(error) => {
-            for (_, since, tx) in commit_waiters {
+            for (_, (since, in_flight), tx) in commit_waiters {
+                books.unsettled.answered(in_flight);
                 metrics
                     .commits
                     .get_or_create(&[("outcome", "failed")])
@@ -317,9 +386,10 @@ async fn run_round(
                     .observe(since.elapsed().as_secs_f64());
                 let _ = tx.send(Err(error.clone()));
             }
-            for (_, tx) in load_waiters {
-                metrics.loads.get_or_create(&[("outcome", "failed")]).inc();
-                let _ = tx.send(Err(error.clone()));
+            for (tenant, tx) in load_waiters {
+                let answer = Err(error.clone());
+                books.load_answered(&tenant, &answer);
+                let _ = tx.send(answer);
             }
             if let Some(sink) = sink {
                 for fence in round_alarm_fences {
@@ -329,20 +399,15 @@ async fn run_round(
             return;
         }
     };
-    let learnt = |tenant: &str, bytes: u64| {
-        metrics
-            .tenant_bytes
-            .get_or_create(&[("tenant", tenant.to_owned())])
-            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        let mut tenants = tenants.lock().unwrap_or_else(|e| e.into_inner());
-        tenants.insert(tenant.to_owned(), bytes);
-    };
     let mut alarm_commits = alarm_commits.into_iter();
-    for ((tenant, since, tx), outcome) in commit_waiters.into_iter().zip(result.commits) {
+    for ((tenant, (since, in_flight), tx), outcome) in
+        commit_waiters.into_iter().zip(result.commits)
+    {
+        books.unsettled.answered(in_flight);
         let alarms = alarm_commits.next();
         let label = match &outcome {
             Outcome::Done(bytes) => {
-                learnt(&tenant, *bytes);
+                books.learnt(&tenant, *bytes);
                 if let (Some(sink), Some((fence, scope, changes))) = (sink, &alarms)
                     && !changes.is_empty()
                 {
@@ -359,15 +424,9 @@ async fn run_round(
         let _ = tx.send(Ok(outcome));
     }
     for ((tenant, tx), outcome) in load_waiters.into_iter().zip(result.loads) {
-        let label = match &outcome {
-            Outcome::Done(loaded) => {
-                learnt(&tenant, loaded.tenant_bytes);
-                "ok"
-            }
-            Outcome::Stale { .. } => "stale",
-        };
-        metrics.loads.get_or_create(&[("outcome", label)]).inc();
-        let _ = tx.send(Ok(outcome));
+        let answer = Ok(outcome);
+        books.load_answered(&tenant, &answer);
+        let _ = tx.send(answer);
     }
     if let Some(sink) = sink {
         for (fence, outcome) in round_alarm_fences.into_iter().zip(result.partition_alarms) {
@@ -375,3 +434,7 @@ async fn run_round(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;
