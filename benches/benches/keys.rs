@@ -11,7 +11,9 @@
 //!   state (written to the embedded store before the node starts), `TOUCH`
 //!   distinct keys touched by 8 callers (`get`, each key once) on a node
 //!   whose live budget is `BUDGET`: throughput, evictions per second, and
-//!   the process's RSS (target ≤ 6 GiB at 10 million stored, 1 million
+//!   the process's RSS, its PSS (each shared page once: every key maps the
+//!   same pages of the module's data image) and the growth of the machine's
+//!   memory in use (target ≤ 6 GiB at 10 million stored, 1 million
 //!   touched, 100 000 live: `FIEF_BENCH_FULL=1`, which needs
 //!   `vm.max_map_count` raised for 100 000 live keys, `sysctl -w
 //!   vm.max_map_count=6291456`; the node refuses to start otherwise, saying
@@ -40,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Mode, Raw, fmt_duration, guest, quantile, rss_bytes};
+use common::{Mode, Raw, fmt_duration, guest, machine_used_bytes, pss_bytes, quantile, rss_bytes};
 use fief::storage::{Backend, Commit, EmbeddedBackend, Fence, KeyScope, Load, Round, Write};
 use fief::{Instance, ModuleOptions, NodeConfig};
 use redb::ReadableDatabase;
@@ -303,7 +305,7 @@ async fn many_keys(mode: Mode, store: &Store) -> Vec<String> {
         prefill(&*backend, &NodeConfig::default(), keys).await;
     }
     let prefill_time = started.elapsed();
-    let rss_before = rss_bytes();
+    let (rss_before, pss_before, used_before) = (rss_bytes(), pss_bytes(), machine_used_bytes());
     let node = Arc::new(stored_node(store, budget).await);
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -334,7 +336,7 @@ async fn many_keys(mode: Mode, store: &Store) -> Vec<String> {
         refused += caller.await.expect("a caller");
     }
     let elapsed = started.elapsed();
-    let rss_after = rss_bytes();
+    let (rss_after, pss_after, used_after) = (rss_bytes(), pss_bytes(), machine_used_bytes());
     let evictions = evicted(&node.metrics_text().await);
     let live = node.keys().len();
     Arc::try_unwrap(node)
@@ -343,13 +345,16 @@ async fn many_keys(mode: Mode, store: &Store) -> Vec<String> {
         .shutdown()
         .await;
     vec![format!(
-        "many keys, {}: {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, {refused} refused (every live key busy), {live} live at the end, RSS {} MiB before the node, {} MiB after (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
+        "many keys, {}: {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, {refused} refused (every live key busy), {live} live at the end, RSS {} MiB before the node, {} MiB after; PSS (each shared page once) {} MiB before, {} MiB after; the machine's memory in use grew {} MiB (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
         store.name(),
         prefill_time.as_secs_f64(),
         touch as f64 / elapsed.as_secs_f64(),
         evictions / elapsed.as_secs_f64(),
         rss_before >> 20,
         rss_after >> 20,
+        pss_before >> 20,
+        pss_after >> 20,
+        used_after.saturating_sub(used_before) >> 20,
     )]
 }
 

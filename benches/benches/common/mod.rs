@@ -769,6 +769,21 @@ pub fn pss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// The machine's memory in use, in bytes: `MemTotal - MemAvailable` of
+/// `/proc/meminfo` (what the kernel could not hand to a new program without
+/// swapping; the page cache of files counts as available).
+pub fn machine_used_bytes() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    field("MemTotal:").saturating_sub(field("MemAvailable:"))
+}
+
 /// Resident bytes per mapping of this process, from `/proc/self/smaps`:
 /// (start address, mapping size, resident bytes, name).
 pub fn smaps() -> Vec<(u64, u64, u64, String)> {
