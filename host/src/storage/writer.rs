@@ -64,27 +64,62 @@ fn alarm_changes(writes: &[Write]) -> Vec<AlarmChange> {
 /// What the writer and its task share: what each tenant stores (as the
 /// store last answered), the metrics, and what is in flight.
 struct Books {
-    tenants: Mutex<HashMap<String, u64>>,
+    usage: Mutex<Usage>,
     metrics: StorageMetrics,
     unsettled: Unsettled,
 }
 
+/// Each tenant's stored bytes as the store last answered, and how many
+/// rounds have answered, so that a read beside the rounds, whose snapshot
+/// may be older than a round answered meanwhile, does not overwrite it.
+#[derive(Default)]
+struct Usage {
+    bytes: HashMap<String, u64>,
+    rounds: u64,
+}
+
 impl Books {
-    /// The store answered that `tenant` stores `bytes`.
-    fn learnt(&self, tenant: &str, bytes: u64) {
+    fn usage(&self) -> std::sync::MutexGuard<'_, Usage> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Rounds answered so far: taken before a read beside the rounds.
+    fn rounds(&self) -> u64 {
+        self.usage().rounds
+    }
+
+    /// A round landed: its answers come next.
+    fn round_answered(&self) {
+        self.usage().rounds += 1;
+    }
+
+    /// The store answered that `tenant` stores `bytes`: in a round
+    /// (`read_after: None`), or in a read begun when
+    /// [`rounds`](Self::rounds) was `read_after`, which is dropped if a
+    /// round answered since (its figure may be newer).
+    fn learnt(&self, tenant: &str, bytes: u64, read_after: Option<u64>) {
+        let mut usage = self.usage();
+        if read_after.is_some_and(|seen| seen != usage.rounds) {
+            return;
+        }
         self.metrics
             .tenant_bytes
             .get_or_create(&[("tenant", tenant.to_owned())])
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
-        tenants.insert(tenant.to_owned(), bytes);
+        usage.bytes.insert(tenant.to_owned(), bytes);
     }
 
-    /// Count a load's answer (and learn its tenant's bytes).
-    fn load_answered(&self, tenant: &str, answer: &Result<Outcome<Loaded>, BackendError>) {
+    /// Count a load's answer (and learn its tenant's bytes; `read_after`
+    /// as for [`learnt`](Self::learnt)).
+    fn load_answered(
+        &self,
+        tenant: &str,
+        answer: &Result<Outcome<Loaded>, BackendError>,
+        read_after: Option<u64>,
+    ) {
         let label = match answer {
             Ok(Outcome::Done(loaded)) => {
-                self.learnt(tenant, loaded.tenant_bytes);
+                self.learnt(tenant, loaded.tenant_bytes, read_after);
                 "ok"
             }
             Ok(Outcome::Stale { .. }) => "stale",
@@ -215,7 +250,7 @@ impl StorageWriter {
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let books = Arc::new(Books {
-            tenants: Mutex::new(HashMap::new()),
+            usage: Mutex::default(),
             metrics,
             unsettled: Unsettled::default(),
         });
@@ -249,19 +284,20 @@ impl StorageWriter {
 
     /// Bytes `tenant` stores, as the store last answered this node.
     pub(crate) fn tenant_bytes(&self, tenant: &str) -> u64 {
-        let tenants = self.books.tenants.lock().unwrap_or_else(|e| e.into_inner());
-        tenants.get(tenant).copied().unwrap_or(0)
+        self.books.usage().bytes.get(tenant).copied().unwrap_or(0)
     }
 
     /// Load a key's state (raising its partition's fence token): read at
     /// once when the key is settled and the load changes nothing, else in
     /// the next round (see the module header).
     pub(crate) async fn load(&self, load: Load) -> Result<Outcome<Loaded>, BackendError> {
-        if self.books.unsettled.settled(&load.scope)
-            && let Some(answer) = self.backend.read_load(&load)
-        {
-            self.books.load_answered(load.scope.tenant(), &answer);
-            return answer;
+        if self.books.unsettled.settled(&load.scope) {
+            let read_after = self.books.rounds();
+            if let Some(answer) = self.backend.read_load(&load) {
+                self.books
+                    .load_answered(load.scope.tenant(), &answer, Some(read_after));
+                return answer;
+            }
         }
         let (tx, rx) = oneshot::channel();
         self.send(Request::Load(load, tx))?;
@@ -388,7 +424,7 @@ async fn run_round(
             }
             for (tenant, tx) in load_waiters {
                 let answer = Err(error.clone());
-                books.load_answered(&tenant, &answer);
+                books.load_answered(&tenant, &answer, None);
                 let _ = tx.send(answer);
             }
             if let Some(sink) = sink {
@@ -399,6 +435,7 @@ async fn run_round(
             return;
         }
     };
+    books.round_answered();
     let mut alarm_commits = alarm_commits.into_iter();
     for ((tenant, (since, in_flight), tx), outcome) in
         commit_waiters.into_iter().zip(result.commits)
@@ -407,7 +444,7 @@ async fn run_round(
         let alarms = alarm_commits.next();
         let label = match &outcome {
             Outcome::Done(bytes) => {
-                books.learnt(&tenant, *bytes);
+                books.learnt(&tenant, *bytes, None);
                 if let (Some(sink), Some((fence, scope, changes))) = (sink, &alarms)
                     && !changes.is_empty()
                 {
@@ -425,7 +462,7 @@ async fn run_round(
     }
     for ((tenant, tx), outcome) in load_waiters.into_iter().zip(result.loads) {
         let answer = Ok(outcome);
-        books.load_answered(&tenant, &answer);
+        books.load_answered(&tenant, &answer, None);
         let _ = tx.send(answer);
     }
     if let Some(sink) = sink {

@@ -1,5 +1,7 @@
 //! The writer's order: a load never reads beside a commit of its key that
-//! was handed over before it, nor beside a round that may still be landing.
+//! was handed over before it, nor beside a round that may still be landing;
+//! and a read beside the rounds never sets the node's view of a tenant's
+//! stored bytes back to before a round that answered meanwhile.
 //! The store is the embedded one behind a gate that holds rounds back as a
 //! slow disk would, and lands them one after another as redb does.
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, Semaphore};
 
-use super::{StorageMetrics, StorageWriter};
+use super::{Books, StorageMetrics, StorageWriter};
 use crate::storage::{
     Backend, BackendError, BoxFuture, Commit, EmbeddedBackend, Entries, Fence, KeyScope, Load,
     Loaded, Outcome, Round, RoundResult, Write,
@@ -174,4 +176,24 @@ async fn after_an_abandoned_round_loads_wait_for_a_round_to_come_back() {
     // A round came back: the key is settled again and read at once.
     let read = tokio::time::timeout(Duration::from_secs(1), writer.load(load())).await;
     assert_eq!(value(read.expect("read at once")), Some(b"1".to_vec()));
+}
+
+#[test]
+fn a_read_beside_the_rounds_never_overwrites_what_a_later_round_answered() {
+    let books = Books {
+        usage: std::sync::Mutex::default(),
+        metrics: StorageMetrics::register(&mut Registry::default()),
+        unsettled: crate::storage::unsettled::Unsettled::default(),
+    };
+    let bytes = |books: &Books| books.usage().bytes.get("acme").copied();
+    // A read begins; a round lands and answers before the read does.
+    let read_after = books.rounds();
+    books.round_answered();
+    books.learnt("acme", 100, None);
+    books.learnt("acme", 50, Some(read_after));
+    assert_eq!(bytes(&books), Some(100), "the older snapshot won");
+    // A read with no round answered meanwhile is the latest word.
+    let read_after = books.rounds();
+    books.learnt("acme", 70, Some(read_after));
+    assert_eq!(bytes(&books), Some(70));
 }
