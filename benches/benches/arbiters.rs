@@ -680,13 +680,7 @@ async fn servers() -> (Servers, Option<common::Throwaway>) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = Mode::from_args(&args);
-    let filters: Vec<&String> = args
-        .iter()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let wanted =
-        |section: &str| filters.is_empty() || filters.iter().any(|f| section.contains(f.as_str()));
+    let wanted = common::sections(&args[1..]);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -616,13 +616,7 @@ pub(crate) fn load_average() -> String {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = Mode::from_args(&args);
-    let filters: Vec<&String> = args
-        .iter()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let wanted =
-        |section: &str| filters.is_empty() || filters.iter().any(|f| section.contains(f.as_str()));
+    let wanted = common::sections(&args[1..]);
     if wanted("fanout") {
         println!(
             "realtime figures, fanout ({mode:?} mode; load average {})",

@@ -1124,9 +1124,7 @@ fn main() {
     } else {
         Mode::Full
     };
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let wanted =
-        |section: &str| filters.is_empty() || filters.iter().any(|f| section.contains(f.as_str()));
+    let wanted = common::sections(&args);
     let sections = [
         "kill",
         "cross_node",

@@ -548,11 +548,8 @@ async fn finish(side: Arc<Side>) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = Mode::from_args(&args);
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let latency_wanted = filters.is_empty()
-        || filters
-            .iter()
-            .any(|f| "storage_commit_latency".contains(f.as_str()));
+    let wanted = common::sections(&args);
+    let latency_wanted = wanted("storage_commit_latency");
     let samples = mode.pick(2000, 300, 5);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -576,11 +573,7 @@ fn main() {
     });
     bench_commits(&mut criterion, &rt, &embedded, mode);
     bench_read(&mut criterion, &rt, &embedded, mode);
-    let read_rows = if filters.is_empty()
-        || filters
-            .iter()
-            .any(|f| "storage_read_interleaved".contains(f.as_str()))
-    {
+    let read_rows = if wanted("storage_read_interleaved") {
         read_ratios(&rt, &embedded, mode.pick(200, 50, 5))
     } else {
         Vec::new()

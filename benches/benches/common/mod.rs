@@ -36,6 +36,14 @@ pub enum Mode {
     Test,
 }
 
+/// The sections a table-printing bench's arguments (without the program's
+/// name) ask for: every argument not starting with `-` is a filter, and a
+/// section is wanted when no filter is given or its name contains one.
+pub fn sections(args: &[String]) -> impl Fn(&str) -> bool + '_ {
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    move |section: &str| filters.is_empty() || filters.iter().any(|f| section.contains(f.as_str()))
+}
+
 impl Mode {
     /// The mode the bench binary's arguments ask for.
     pub fn from_args(args: &[String]) -> Mode {
