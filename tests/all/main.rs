@@ -34,6 +34,7 @@ mod hostile;
 mod hostile_logs;
 mod http_cli;
 mod http_limits;
+mod inline_activation;
 mod kill;
 mod languages;
 mod languages_fencing;

@@ -1,15 +1,18 @@
 //! Inline calls: a routed call to an idle key, run on its caller's task
-//! while it holds the key's process, with no hop to the key's task and back.
+//! while it holds the key's process, with no hop to the key's task and back;
+//! and inline activations: a routed call to an absent key, which starts its
+//! process there too.
 //!
 //! This file owns such a call from start to end: running `handle-call` under
-//! the key's kill switch (`run_inline`), its polling by the caller
-//! (`InlineCall`, charged to the key's CPU meter), and its hand-over to the
-//! key's task (`Orphan`) when its caller goes away or when it is demoted at
-//! its first epoch tick. A call handed over is always finished, never cut in
-//! half. It also makes a caller that runs many inline calls in a row yield
-//! its worker (`yield_after_inline`). It must not decide whether a call may run inline (the key table
-//! does, `ModuleSlot::try_inline` in `slot.rs`) nor take messages from the
-//! key's mailbox.
+//! the key's kill switch (`run_inline`), the start before it of an absent
+//! key (`run_activation`), its polling by the caller (`InlineCall`, charged
+//! to the key's CPU meter), and its hand-over to the key's task (`Orphan`)
+//! when its caller goes away or when it is demoted at its first epoch tick.
+//! A call handed over is always finished, never cut in half. It also makes a
+//! caller that runs many inline calls in a row yield its worker
+//! (`yield_after_inline`). It must not decide whether a call may run inline
+//! or activate (the key table does, `ModuleSlot::call` in `slot.rs`) nor
+//! take messages from the key's mailbox.
 
 use std::cell::Cell;
 use std::pin::Pin;
@@ -19,8 +22,12 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::KeyControl;
+use fief_core::OnFence;
+
 use super::process::{Death, ProcessGuard, caller_error};
+use super::slot::Activation;
+use super::task::start_in_pool;
+use super::{KeyControl, KeyLifeEvent, KeyServices};
 use crate::cpu_budget::{CpuMeter, poll_timed};
 use crate::error::{Error, Result};
 use crate::trace::TraceContext;
@@ -135,19 +142,119 @@ impl Drop for InlineCall {
     }
 }
 
+/// Run an inline call (or activation) to its reply on the caller's task,
+/// then yield if the caller has run inline long enough (see
+/// [`yield_after_inline`]).
+pub(super) async fn serve_inline(
+    future: InlineFuture,
+    control: Arc<KeyControl>,
+    cpu: Arc<CpuMeter>,
+) -> Result<Vec<u8>> {
+    let mut call = InlineCall::new(future, control.clone(), cpu);
+    let reply = (&mut call).await;
+    yield_after_inline(call.spent()).await;
+    // The call killed the process, or its start failed: answer once the
+    // key's task has dropped the store and removed the entry, so a caller
+    // that retries at once starts a fresh process instead of finding the
+    // ending one (as a death in the key's task answers, see `LastWord`).
+    if control.death().is_some() || control.start_error().is_some() {
+        control.exited().await;
+    }
+    reply
+}
+
 /// Run `handle-call` on the caller's task, holding the key's process.
 pub(super) async fn run_inline(
-    mut process: ProcessGuard,
+    process: ProcessGuard,
     control: Arc<KeyControl>,
     message: Vec<u8>,
     trace: Option<TraceContext>,
 ) -> Result<Vec<u8>> {
+    // Its first yield demotes it to the key's task (see `InlineCall`).
+    control.demote.store(false, Ordering::SeqCst);
+    call_held(process, control, message, trace, true).await
+}
+
+/// Start a key's process and run `handle-call` on it, on the caller's task:
+/// the activation of an absent key by a routed call, with no hop to the
+/// key's task and back (whose task, spawned beside, takes the process once
+/// this lets go of it).
+///
+/// Like an inline call, it is demoted to the key's task at its first epoch
+/// tick (in `init` or in the call) and handed to it if its caller goes away
+/// (`InlineCall`). A start that fails leaves its error for the key's task,
+/// which fails the messages queued meanwhile with it; a kill, or a fence,
+/// before the call is left to the key's task as it would find it.
+pub(super) async fn run_activation(
+    activation: Activation,
+    services: Arc<KeyServices>,
+    message: Vec<u8>,
+    trace: Option<TraceContext>,
+) -> Result<Vec<u8>> {
+    let Activation {
+        mut held,
+        module,
+        env,
+        handoff,
+        meter,
+    } = activation;
+    let control = env.control.clone();
+    services.observe(&env.module, &env.key, KeyLifeEvent::Started);
+    control.demote.store(false, Ordering::SeqCst);
+    let started = tokio::select! {
+        biased;
+        () = control.killed() => None,
+        started = start_in_pool(&services, &module, &env, handoff.as_deref(), meter, true) => Some(started),
+    };
+    match started {
+        None => return Err(killed(&control)),
+        Some(Err(error)) => {
+            control.start_failed(error.clone());
+            return Err(error);
+        }
+        Some(Ok(process)) => *held = Some(process),
+    }
+    // For the event log, read before the check, as the key loop does; past
+    // the fence the key's task finds the process as this leaves it (a
+    // `terminate` key is killed, a survivor refuses routed messages).
+    let checked_at = services.reports_events().then(std::time::Instant::now);
+    if control.is_killed() {
+        return Err(killed(&control));
+    }
+    if control.is_survivor() || !services.may_act() {
+        if env.on_fence == OnFence::Terminate {
+            control.kill("the node is fenced");
+        }
+        return Err(Error::Fenced);
+    }
+    if let Some(at) = checked_at {
+        crate::event_log::report_inline_call(&services, &env, &message, at);
+    }
+    control.touch();
+    // `init` used its first slice (the activation was demoted): the call
+    // goes on as it is, on the key's task.
+    let inline = held.as_ref().is_some_and(|p| p.store.data().inline);
+    call_held(held, control, message, trace, inline).await
+}
+
+/// The error of a call its key's kill ended.
+fn killed(control: &KeyControl) -> Error {
+    Error::KeyDied(format!("killed: {}", control.reason().unwrap_or_default()))
+}
+
+/// Run `handle-call` on the held process, under the key's kill switch;
+/// `inline`: the call's first epoch tick demotes it (see `InlineCall`).
+async fn call_held(
+    mut process: ProcessGuard,
+    control: Arc<KeyControl>,
+    message: Vec<u8>,
+    trace: Option<TraceContext>,
+    inline: bool,
+) -> Result<Vec<u8>> {
     let Some(running) = process.as_mut() else {
         return Err(Error::KeyDied("the key process went away".to_owned()));
     };
-    // Its first yield demotes it to the key's task (see `InlineCall`).
-    control.demote.store(false, Ordering::SeqCst);
-    running.store.data_mut().inline = true;
+    running.store.data_mut().inline = inline;
     // The guest traps at its next epoch check once killed; a kill while it
     // waits on the host (e.g. a host call) ends the call here.
     let outcome = {

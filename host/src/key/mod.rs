@@ -104,6 +104,9 @@ pub(crate) struct KeyControl {
     has_orphan: AtomicBool,
     /// Why the process died during an inline call (its store is dropped).
     death: Mutex<Option<String>>,
+    /// Why a start run on a caller's task failed (`inline.rs`,
+    /// `run_activation`): the key's task fails its queued messages with it.
+    start_error: Mutex<Option<Error>>,
     /// Inline calls so far (the idle timeout counts them as messages).
     inline_calls: AtomicU64,
     /// Set by the epoch callback when an inline call used its first slice:
@@ -165,6 +168,7 @@ impl Default for KeyControl {
             orphan: Mutex::new(None),
             has_orphan: AtomicBool::new(false),
             death: Mutex::new(None),
+            start_error: Mutex::new(None),
             inline_calls: AtomicU64::new(0),
             demote: AtomicBool::new(false),
             evict: AtomicU8::new(0),
@@ -286,6 +290,16 @@ impl KeyControl {
 
     fn death(&self) -> Option<String> {
         lock(&self.death).clone()
+    }
+
+    /// A start run on a caller's task failed with `error`.
+    fn start_failed(&self, error: Error) {
+        lock(&self.start_error).get_or_insert(error);
+        self.changed.notify_waiters();
+    }
+
+    fn start_error(&self) -> Option<Error> {
+        lock(&self.start_error).clone()
     }
 
     /// Count an inline call (for the idle timeout).

@@ -291,13 +291,16 @@ pub(super) struct KeyProcess {
 }
 
 impl KeyProcess {
-    /// Instantiate `module` for a key and run its `init`.
+    /// Instantiate `module` for a key and run its `init`; `inline`: on a
+    /// caller's task, where `init`'s first epoch tick demotes the activation
+    /// to the key's task (see `inline.rs`, `run_activation`).
     pub(super) async fn start(
         services: &KeyServices,
         module: &CompiledModule,
         env: Arc<KeyEnv>,
         handoff: Option<&[u8]>,
         (cpu, seat): (Arc<CpuMeter>, Arc<Seat>),
+        inline: bool,
     ) -> Result<Self> {
         let options = &module.options;
         let log = Arc::new(GuestLogger::new(
@@ -332,7 +335,7 @@ impl KeyProcess {
             host_nanos: 0,
             log,
             resuming: false,
-            inline: false,
+            inline,
             cpu: cpu.clone(),
             budget: CpuBudget::for_key(
                 options.cpu_budget,

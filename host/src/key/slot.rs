@@ -20,9 +20,9 @@ use std::time::{Duration, SystemTime};
 use fief_core::{OnFence, OwnershipToken, PartitionId};
 use tokio::sync::oneshot;
 
-use super::inline::{InlineCall, InlineFuture, run_inline};
+use super::inline::{run_activation, run_inline, serve_inline};
 use super::process::{ProcessCell, ProcessGuard};
-use super::task::run_key;
+use super::task::{Meter, Start, key_meter, run_key};
 use super::{Envelope, Eviction, KeyControl, KeyEnv, KeyServices, Via, lock};
 use crate::bindings::types::StopReason;
 use crate::cpu_budget::CpuMeter;
@@ -53,6 +53,26 @@ pub(crate) struct KeyHandle {
 
 /// A module's live keys, least recently used first.
 pub(super) type KeyTable = LruCache<Box<str>, KeyHandle>;
+
+/// Why a routed call cannot run inline (see [`ModuleSlot::call`]).
+enum Miss {
+    /// The key has no entry: the call may activate it.
+    Absent,
+    /// The key is live but not idle: the call goes through the mailbox.
+    Busy,
+}
+
+/// A key activated for the routed call that found it absent, which starts
+/// its process on its own task (`inline.rs`, `run_activation`).
+pub(super) struct Activation {
+    /// The new key's process, empty, held until it has started.
+    pub(super) held: ProcessGuard,
+    pub(super) module: Arc<CompiledModule>,
+    pub(super) env: Arc<KeyEnv>,
+    /// Its state handed over by its previous owner, if it moved here.
+    pub(super) handoff: Option<Vec<u8>>,
+    pub(super) meter: Meter,
+}
 
 /// A deployed module name: its current version and its live keys.
 ///
@@ -196,6 +216,32 @@ impl ModuleSlot {
             },
             None => envelope,
         };
+        self.activate(
+            keys,
+            services,
+            (key, partition, token),
+            Some(envelope),
+            replacing,
+        )
+        .map(|_| ())
+    }
+
+    /// Activate `key`, which has no entry in `keys` (the key-table lock,
+    /// held): under the live-key budget (evicting the least recently used
+    /// idle key past it), once the node admitted it, a new entry and its
+    /// task. With `first`, the task starts the process and `first` waits for
+    /// it in the mailbox; without, the caller gets the process to start
+    /// itself ([`Activation`]; see `inline.rs`, `run_activation`).
+    fn activate(
+        self: &Arc<Self>,
+        keys: &mut KeyTable,
+        services: &Arc<KeyServices>,
+        (key, partition, token): (&str, PartitionId, OwnershipToken),
+        first: Option<Envelope>,
+        replacing: bool,
+    ) -> Result<Option<Activation>> {
+        let now = services.runtime.ticks();
+        let by_task = first.is_some();
         let module = self.current();
         let options = &module.options;
         // Past the budget, the least recently used idle key makes room (it
@@ -245,16 +291,19 @@ impl ModuleSlot {
         });
         // A new mailbox has room for one message, but its bytes may pass the
         // tenant's budget: then no process is started for it.
-        if let Err(refused) = tx.try_send(envelope) {
+        if let Some(envelope) = first
+            && let Err(refused) = tx.try_send(envelope)
+        {
             return Err(refused.into_error(&self.name, key, &tx));
         }
         let process = Arc::new(ProcessCell::new(None));
-        // The task holds the process from the start; callers go through the
-        // mailbox until it has started.
+        // Whoever starts the process holds it from the start; other callers
+        // go through the mailbox until it has started.
         let held = process
             .clone()
             .try_lock_owned()
             .unwrap_or_else(|_| unreachable!("a new cell is unlocked"));
+        let meter = key_meter(services, &module, &self.name);
         if lock(&self.recently_evicted).pop(key).is_some() {
             services.metrics.reactivated(&self.name);
         }
@@ -262,7 +311,7 @@ impl ModuleSlot {
             Box::from(key),
             KeyHandle {
                 tx,
-                process,
+                process: process.clone(),
                 control,
                 generation,
                 started_at: SystemTime::now(),
@@ -273,6 +322,18 @@ impl ModuleSlot {
                 evicting: false,
             },
         );
+        let (start, activation) = if by_task {
+            (Start::Here { held, handoff }, None)
+        } else {
+            let activation = Activation {
+                held,
+                module: module.clone(),
+                env: env.clone(),
+                handoff,
+                meter: meter.clone(),
+            };
+            (Start::ByCaller, Some(activation))
+        };
         services.tasks.spawn_on(
             run_key(
                 (services.clone(), node),
@@ -280,12 +341,13 @@ impl ModuleSlot {
                 module,
                 env,
                 rx,
-                handoff,
-                held,
+                process,
+                start,
+                meter,
             ),
             &services.guest,
         );
-        Ok(())
+        Ok(activation)
     }
 
     /// Call `key` and wait for its reply, activating it first if it has no
@@ -311,38 +373,43 @@ impl ModuleSlot {
         via: Via,
         trace: Option<TraceContext>,
     ) -> Result<Vec<u8>> {
-        if via == Via::Routed
-            && let Some((process, control, cpu)) = self.try_inline(key, services.runtime.ticks())
-        {
-            // For the event log, read before the check, as the key loop does.
-            let checked_at = services.reports_events().then(std::time::Instant::now);
-            // Served only while the node may act; otherwise the key's task
-            // decides (a terminate key dies, a survivor refuses).
-            if !control.is_killed() && !control.is_survivor() && services.may_act() {
-                if let (Some(at), Some(running)) = (checked_at, process.as_ref()) {
-                    crate::event_log::report_inline_call(
-                        services,
-                        &running.store.data().env,
-                        &message,
-                        at,
-                    );
+        if via == Via::Routed {
+            match self.try_inline(key, services.runtime.ticks()) {
+                Ok((process, control, cpu)) => {
+                    // For the event log, read before the check, as the key
+                    // loop does.
+                    let checked_at = services.reports_events().then(std::time::Instant::now);
+                    // Served only while the node may act; otherwise the
+                    // key's task decides (a terminate key dies, a survivor
+                    // refuses).
+                    if !control.is_killed() && !control.is_survivor() && services.may_act() {
+                        if let (Some(at), Some(running)) = (checked_at, process.as_ref()) {
+                            crate::event_log::report_inline_call(
+                                services,
+                                &running.store.data().env,
+                                &message,
+                                at,
+                            );
+                        }
+                        control.touch();
+                        self.inline_calls.inc();
+                        let future = Box::pin(run_inline(process, control.clone(), message, trace));
+                        return serve_inline(future, control, cpu).await;
+                    }
                 }
-                control.touch();
-                self.inline_calls.inc();
-                let future: InlineFuture =
-                    Box::pin(run_inline(process, control.clone(), message, trace));
-                let mut call = InlineCall::new(future, control.clone(), cpu);
-                let reply = (&mut call).await;
-                super::inline::yield_after_inline(call.spent()).await;
-                // The call killed the process: answer once the key's task has
-                // dropped the store and removed the entry, so a caller that
-                // retries at once starts a fresh process instead of finding
-                // the ending one (as a death in the key's task answers, see
-                // `LastWord`).
-                if control.death().is_some() {
-                    control.exited().await;
+                // No process: the call starts one here, and runs on it.
+                Err(Miss::Absent) if services.may_act() => {
+                    let activation = self.activate_for_call(services, key, partition, token)?;
+                    if let Some(activation) = activation {
+                        self.inline_calls.inc();
+                        let (control, cpu) =
+                            (activation.env.control.clone(), activation.meter.0.clone());
+                        let future =
+                            Box::pin(run_activation(activation, services.clone(), message, trace));
+                        return serve_inline(future, control, cpu).await;
+                    }
                 }
-                return reply;
+                Err(_) => {}
             }
         }
         let (reply, rx) = oneshot::channel();
@@ -368,30 +435,50 @@ impl ModuleSlot {
         &self,
         key: &str,
         now: u64,
-    ) -> Option<(ProcessGuard, Arc<KeyControl>, Arc<CpuMeter>)> {
+    ) -> std::result::Result<(ProcessGuard, Arc<KeyControl>, Arc<CpuMeter>), Miss> {
         let mut keys = lock(&self.keys);
-        let handle = keys.get_mut(key)?;
+        let handle = keys.get_mut(key).ok_or(Miss::Absent)?;
         // A key ordered to retire serves nothing more: its next process does.
         if handle.evicting {
-            return None;
+            return Err(Miss::Busy);
         }
         handle.last_used = now;
         // Mailbox first, then `receiving`: a message the task took out
         // before the mailbox was read is still flagged (see `receive`).
         if handle.tx.capacity() != handle.tx.max_capacity() {
-            return None;
+            return Err(Miss::Busy);
         }
-        let mut process = handle.process.clone().try_lock_owned().ok()?;
+        let mut process = handle
+            .process
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| Miss::Busy)?;
         if handle.control.receiving.load(Ordering::SeqCst) {
-            return None;
+            return Err(Miss::Busy);
         }
         // A key over its CPU budget waits on its own task, not a caller's.
-        let running = process.as_mut()?;
+        let running = process.as_mut().ok_or(Miss::Busy)?;
         if running.throttle().is_some() {
-            return None;
+            return Err(Miss::Busy);
         }
         let cpu = running.cpu.clone();
-        Some((process, handle.control.clone(), cpu))
+        Ok((process, handle.control.clone(), cpu))
+    }
+
+    /// Activate `key` for a routed call to start on its caller's task, if it
+    /// still has no entry (else `None`: the call goes through the mailbox).
+    fn activate_for_call(
+        self: &Arc<Self>,
+        services: &Arc<KeyServices>,
+        key: &str,
+        partition: PartitionId,
+        token: OwnershipToken,
+    ) -> Result<Option<Activation>> {
+        let mut keys = lock(&self.keys);
+        if keys.contains(key) {
+            return Ok(None);
+        }
+        self.activate(&mut keys, services, (key, partition, token), None, false)
     }
 
     /// Kill every live key whose partition `select` accepts. Returns how many.

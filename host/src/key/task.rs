@@ -47,6 +47,37 @@ enum Exit {
     Retired,
 }
 
+/// How a key's process is started.
+pub(super) enum Start {
+    /// By its task, which holds the process from the start: the message
+    /// that activated the key waits in its mailbox.
+    Here {
+        held: ProcessGuard,
+        handoff: Option<Vec<u8>>,
+    },
+    /// By the routed call that activated the key, on its caller's task
+    /// (`inline.rs`, `run_activation`), which holds the process: the task
+    /// takes it once that call lets go of it (or finishes the call, when it
+    /// is handed over).
+    ByCaller,
+}
+
+/// A key's CPU meter and its seat in the node's scheduler.
+pub(super) type Meter = (Arc<CpuMeter>, Arc<Seat>);
+
+/// A new key's [`Meter`].
+pub(super) fn key_meter(services: &KeyServices, module: &CompiledModule, name: &str) -> Meter {
+    let tenant = crate::auth::tenant_of(name).unwrap_or("");
+    let cpu = Arc::new(CpuMeter::new(
+        services.metrics.key_cpu_counters(name),
+        services
+            .tenant_cpu
+            .of(tenant, || services.metrics.tenant_cpu_counters(tenant)),
+        module.options.cpu_budget < crate::config::CpuShare::WHOLE_CORE,
+    ));
+    (cpu, Arc::new(Seat::default()))
+}
+
 /// The task that owns one key process.
 ///
 /// The task holds the process (`held`) while it starts it and while it
@@ -60,35 +91,28 @@ enum Exit {
 ///
 /// The task holds its node's services and the node itself (`node`, for
 /// nothing but that) for as long as it runs.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the key task's parts, moved in once from the key table"
+)]
 pub(super) async fn run_key(
     (services, node): (Arc<KeyServices>, Arc<dyn KeyNode>),
     slot: Arc<ModuleSlot>,
     module: Arc<CompiledModule>,
     env: Arc<KeyEnv>,
     rx: MailboxRx,
-    handoff: Option<Vec<u8>>,
-    held: ProcessGuard,
+    cell: Arc<ProcessCell>,
+    start: Start,
+    (cpu, seat): Meter,
 ) {
-    let tenant = crate::auth::tenant_of(&env.module).unwrap_or("");
-    let cpu = Arc::new(CpuMeter::new(
-        services.metrics.key_cpu_counters(&env.module),
-        services
-            .tenant_cpu
-            .of(tenant, || services.metrics.tenant_cpu_counters(tenant)),
-        module.options.cpu_budget < crate::config::CpuShare::WHOLE_CORE,
-    ));
-    let (scheduler, seat) = (
-        services.runtime.scheduler.clone(),
-        Arc::new(Seat::default()),
-    );
+    let scheduler = services.runtime.scheduler.clone();
     let mut task = Box::pin(drive_key(
         services,
         slot,
         module,
         env,
         rx,
-        handoff,
-        held,
+        (cell, start),
         (cpu.clone(), seat.clone()),
     ));
     std::future::poll_fn(|cx| {
@@ -106,61 +130,62 @@ pub(super) async fn run_key(
 }
 
 /// The body of [`run_key`].
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the key task's parts, moved in once from run_key"
-)]
 async fn drive_key(
     services: Arc<KeyServices>,
     slot: Arc<ModuleSlot>,
     module: Arc<CompiledModule>,
     env: Arc<KeyEnv>,
     mut rx: MailboxRx,
-    handoff: Option<Vec<u8>>,
-    held: ProcessGuard,
-    cpu: (Arc<CpuMeter>, Arc<Seat>),
+    (cell, start): (Arc<ProcessCell>, Start),
+    cpu: Meter,
 ) {
     let control = env.control.clone();
     let key = env.key.clone();
-    let cell = ProcessGuard::mutex(&held).clone();
-    let mut held = Some(held);
-    services.observe(&env.module, &key, KeyLifeEvent::Started);
-    let started = tokio::select! {
-        biased;
-        () = control.killed() => Err(Error::KeyDied(format!(
-            "killed: {}", control.reason().unwrap_or_default()
-        ))),
-        // Boxed, like the other guest calls below: the task's own future
-        // stays small (it lives as long as the key).
-        r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu)) => r,
-    };
-    match started {
-        Ok(process) => {
-            if let Some(guard) = held.as_mut() {
-                **guard = Some(process);
-            }
-        }
-        Err(error) => {
-            tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
-            drop(held);
-            services.observe(&env.module, &key, KeyLifeEvent::Ended);
-            slot.remove_if_current(&key, env.generation);
-            control.exited.send_replace(true);
-            rx.close();
-            while let Ok(envelope) = rx.try_recv() {
-                envelope.fail(error.clone());
-            }
-            return;
-        }
-    }
-    tracing::debug!(module = %slot.name, key = %key, "key started");
-    let idle_timeout = module.options.idle_timeout;
     // One registered waiter for kills, fence orders, orphans and inline
     // deaths, and one idle timer, for the task's whole life: a message arms
     // neither.
     let changed = control.changed.notified();
     tokio::pin!(changed);
     changed.as_mut().enable();
+    let mut held = None;
+    let started = match start {
+        Start::Here {
+            held: guard,
+            handoff,
+        } => {
+            services.observe(&env.module, &key, KeyLifeEvent::Started);
+            let started = tokio::select! {
+                biased;
+                () = control.killed() => Err(Error::KeyDied(format!(
+                    "killed: {}", control.reason().unwrap_or_default()
+                ))),
+                // Boxed, like the other guest calls below: the task's own
+                // future stays small (it lives as long as the key).
+                r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu, false)) => r,
+            };
+            started.map(|process| **held.insert(guard) = Some(process))
+        }
+        // The caller's start ended (or was handed here and finished) once
+        // the process is free; a start that failed left its error.
+        Start::ByCaller => {
+            hold(&mut held, &cell, &control, &mut changed).await;
+            control.start_error().map_or(Ok(()), Err)
+        }
+    };
+    if let Err(error) = started {
+        tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
+        drop(held);
+        services.observe(&env.module, &key, KeyLifeEvent::Ended);
+        slot.remove_if_current(&key, env.generation);
+        control.exited.send_replace(true);
+        rx.close();
+        while let Ok(envelope) = rx.try_recv() {
+            envelope.fail(error.clone());
+        }
+        return;
+    }
+    tracing::debug!(module = %slot.name, key = %key, "key started");
+    let idle_timeout = module.options.idle_timeout;
     // The idle timer fires every `idle_timeout`; the key retires when a
     // whole period passed with no message (mailbox or inline), so an idle
     // key stops between one and two `idle_timeout`s after its last message,
@@ -453,12 +478,14 @@ const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// the node evict its least recently used idle key and wait for the slot
 /// (for at most [`POOL_WAIT`]). Refused `PoolFull` at once when no key can
 /// be evicted and none is being evicted: every live key is busy.
-async fn start_in_pool(
+/// `inline`: on the activating caller's task (see [`KeyProcess::start`]).
+pub(super) async fn start_in_pool(
     services: &Arc<KeyServices>,
     module: &CompiledModule,
     env: &Arc<KeyEnv>,
     handoff: Option<&[u8]>,
-    cpu: (Arc<CpuMeter>, Arc<Seat>),
+    cpu: Meter,
+    inline: bool,
 ) -> Result<KeyProcess> {
     let deadline = tokio::time::Instant::now() + POOL_WAIT;
     // Past the node's memory budget every activation makes room first (the
@@ -475,7 +502,9 @@ async fn start_in_pool(
         tokio::pin!(freed);
         freed.as_mut().enable();
         let full =
-            match KeyProcess::start(services, module, env.clone(), handoff, cpu.clone()).await {
+            match KeyProcess::start(services, module, env.clone(), handoff, cpu.clone(), inline)
+                .await
+            {
                 Err(full @ Error::PoolFull { .. }) => full,
                 started => return started,
             };

@@ -222,7 +222,7 @@ impl Metrics {
         );
         r.register(
             "calls_inline",
-            "Calls served on their caller's task because the key was idle (no hop to the key's task), by module; counted among the calls too",
+            "Calls served on their caller's task because the key was idle, or absent and started there (no hop to the key's task), by module; counted among the calls too",
             inline_calls.clone(),
         );
         r.register(
