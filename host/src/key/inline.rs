@@ -182,9 +182,11 @@ pub(super) async fn run_inline(
 ///
 /// Like an inline call, it is demoted to the key's task at its first epoch
 /// tick (in `init` or in the call) and handed to it if its caller goes away
-/// (`InlineCall`). A start that fails leaves its error for the key's task,
-/// which fails the messages queued meanwhile with it; a kill, or a fence,
-/// before the call is left to the key's task as it would find it.
+/// (`InlineCall`). A start that fails leaves its error for the key's task
+/// (`KeyControl::start_failed` wakes it), which fails the messages queued
+/// meanwhile with it; a kill, or a fence, before the call is left to the
+/// key's task as it would find it. Nothing wakes the key's task when this
+/// lets go of the process: it takes it when a message comes.
 pub(super) async fn run_activation(
     activation: Activation,
     services: Arc<KeyServices>,
@@ -214,6 +216,7 @@ pub(super) async fn run_activation(
         }
         Some(Ok(process)) => *held = Some(process),
     }
+    tracing::debug!(module = %env.module, key = %env.key, "key started");
     // For the event log, read before the check, as the key loop does; past
     // the fence the key's task finds the process as this leaves it (a
     // `terminate` key is killed, a survivor refuses routed messages).

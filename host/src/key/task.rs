@@ -45,6 +45,9 @@ enum Exit {
     /// Stopped for being idle (its idle timeout, or evicted): messages that
     /// came during its `terminate` go to its next process.
     Retired,
+    /// Its start on the activating caller's task failed (`Start::ByCaller`):
+    /// the messages queued meanwhile fail with the same error.
+    StartFailed(Error),
 }
 
 /// How a key's process is started.
@@ -163,14 +166,16 @@ async fn drive_key(
                 // future stays small (it lives as long as the key).
                 r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu, false)) => r,
             };
-            started.map(|process| **held.insert(guard) = Some(process))
+            started.map(|process| {
+                tracing::debug!(module = %slot.name, key = %key, "key started");
+                **held.insert(guard) = Some(process);
+            })
         }
-        // The caller's start ended (or was handed here and finished) once
-        // the process is free; a start that failed left its error.
-        Start::ByCaller => {
-            hold(&mut held, &cell, &control, &mut changed).await;
-            control.start_error().map_or(Ok(()), Err)
-        }
+        // The caller starts the process; the loop below hears of its end
+        // through `changed` as of an inline call's (an orphan, a death, a
+        // start's failure), so nothing wakes this task when the caller
+        // lets go of the process.
+        Start::ByCaller => Ok(()),
     };
     if let Err(error) = started {
         tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
@@ -184,7 +189,6 @@ async fn drive_key(
         }
         return;
     }
-    tracing::debug!(module = %slot.name, key = %key, "key started");
     let idle_timeout = module.options.idle_timeout;
     // The idle timer fires every `idle_timeout`; the key retires when a
     // whole period passed with no message (mailbox or inline), so an idle
@@ -210,6 +214,9 @@ async fn drive_key(
             // one idle, not finishing.
             drop(held.take());
             let _ = reply.send(result);
+        }
+        if let Some(error) = control.start_error() {
+            break Exit::StartFailed(error);
         }
         if control.is_killed() {
             break Exit::Killed;
@@ -309,10 +316,13 @@ async fn drive_key(
         messages += 1;
         hold(&mut held, &cell, &control, &mut changed).await;
         let Some(process) = held.as_mut().and_then(|guard| guard.as_mut()) else {
-            // The process died during an inline call.
-            envelope.fail(Error::KeyDied(
-                "the key process died; the message was not processed, retry".to_owned(),
-            ));
+            // The process died during an inline call, or its start on the
+            // activating caller's task failed.
+            envelope.fail(control.start_error().unwrap_or_else(|| {
+                Error::KeyDied(
+                    "the key process died; the message was not processed, retry".to_owned(),
+                )
+            }));
             continue;
         };
         // Nothing routed is served past the fence, even if this task was
@@ -411,6 +421,7 @@ async fn drive_key(
     let why = match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
         Exit::Died(why) => why.clone(),
+        Exit::StartFailed(error) => error.to_string(),
         Exit::Stopped | Exit::Retired => "the key stopped".to_owned(),
     };
     match &exit {
@@ -421,22 +432,26 @@ async fn drive_key(
         Exit::Died(why) => services
             .metrics
             .killed(&slot.name, crate::metrics::kill_cause(None, Some(why))),
-        Exit::Stopped | Exit::Retired => {}
+        Exit::StartFailed(_) | Exit::Stopped | Exit::Retired => {}
     }
     match &exit {
         Exit::Killed => {
             tracing::info!(module = %slot.name, key = %key, reason = %why, "key killed")
         }
         Exit::Died(_) => tracing::warn!(module = %slot.name, key = %key, reason = %why, "key died"),
+        Exit::StartFailed(_) => {
+            tracing::warn!(module = %slot.name, key = %key, error = %why, "key failed to start")
+        }
         Exit::Stopped | Exit::Retired => {
             tracing::debug!(module = %slot.name, key = %key, "key stopped")
         }
     }
     rx.close();
     while let Ok(envelope) = rx.try_recv() {
-        envelope.fail(Error::KeyDied(format!(
-            "{why}; the message was not processed, retry"
-        )));
+        envelope.fail(match &exit {
+            Exit::StartFailed(error) => error.clone(),
+            _ => Error::KeyDied(format!("{why}; the message was not processed, retry")),
+        });
     }
 }
 
