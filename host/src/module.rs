@@ -23,7 +23,7 @@ use wasmparser::Parser;
 use wasmtime::Engine;
 use wasmtime::component::{Component, ComponentExportIndex};
 
-use crate::bindings::KeyModulePre;
+use crate::bindings::{KeyModuleIndices, KeyModulePre};
 use crate::compile_cache::content_hash;
 use crate::config::ModuleOptions;
 use crate::error::{Error, Result};
@@ -81,6 +81,9 @@ const WASI_PACKAGES: [&str; 6] = [
 /// A compiled, validated module version.
 pub struct CompiledModule {
     pub(crate) pre: KeyModulePre<KeyCtx>,
+    /// Where the world's exports are in each instance, found once here: a
+    /// key's start loads them by index, not by name.
+    pub(crate) exports: KeyModuleIndices,
     /// Version number within its module name, starting at 1.
     pub version: u64,
     /// The options its keys run under.
@@ -548,8 +551,11 @@ pub(crate) fn finish(
             None => cache.store(&content_hash, &component),
         }
     }
+    let exports = KeyModuleIndices::new(pre.instance_pre())
+        .map_err(|e| Error::InvalidModule(format!("the component's exports: {e:#}")))?;
     Ok(CompiledModule {
         pre,
+        exports,
         version,
         options,
         size_bytes,

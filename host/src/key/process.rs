@@ -448,7 +448,9 @@ impl KeyProcess {
                 return Err(Error::KeyDied(format!("instantiation failed: {why}")));
             }
         };
-        let guest = KeyModule::new(&mut store, &instance)
+        let guest = module
+            .exports
+            .load(&mut store, &instance)
             .map_err(|e| Error::KeyDied(format!("instantiation failed: {e:#}")))?;
         let alarm_handler = module
             .alarm_handler
