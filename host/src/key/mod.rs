@@ -33,7 +33,8 @@
 //! - `linear_memory.rs`: the linear memory of the node's live keys,
 //!   counted together (the `max_guest_memory` budget);
 //! - `inline.rs`: a routed call run on its caller's task while the key is
-//!   idle, and its hand-over to the key's task;
+//!   idle (or, when it has no process, starting one there), and its
+//!   hand-over to the key's task;
 //! - `task.rs`: the task that owns one key process and runs its message loop;
 //! - `storage.rs`: a process's durable state and its output gate.
 

@@ -3,7 +3,8 @@
 //! This file owns the table: delivery of a message to a key, activating it
 //! first when it has no live process (under the table's lock, after the
 //! node admitted the activation), the choice of running a routed call inline
-//! (`try_inline`), the fence sweep (`fence_keys`: kill, or hand to limbo),
+//! (`try_inline`) or of letting it start an absent key's process on its own
+//! task (`activate_for_call`), the fence sweep (`fence_keys`: kill, or hand to limbo),
 //! kills by partition, graceful stops, and an idle key's retirement. The
 //! table keeps its entries in use order (least recently used first) for
 //! eviction (`eviction.rs` chooses the victims). **An

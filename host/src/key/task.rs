@@ -1,7 +1,9 @@
 //! The key task: the one task that owns a key process and runs its message
 //! loop.
 //!
-//! This file owns the loop (`run_key`, `drive_key`): starting the process,
+//! This file owns the loop (`run_key`, `drive_key`): starting the process
+//! (unless the routed call that activated the key starts it on its own task,
+//! `Start::ByCaller`; then the loop hears of that start's failure),
 //! taking messages from the mailbox one at a time in arrival order, finishing
 //! inline calls handed to it, the `handle-fence` order of a callback key, the
 //! idle timeout and eviction orders (both retire the key the same way), a
