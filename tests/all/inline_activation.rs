@@ -63,11 +63,29 @@ async fn a_call_to_an_absent_key_starts_it_on_the_callers_task() {
 #[tokio::test]
 async fn a_long_init_goes_on_on_the_guest_threads() {
     let cpu_limit = Duration::from_secs(1);
-    let node = crate::hostile::node(ModuleOptions {
-        cpu_limit,
-        ..hostile_options()
-    })
-    .await;
+    // On a loaded machine the loop's second of ticks takes longer than the
+    // default call timeout.
+    let config = fief::NodeConfig {
+        call_timeout: Duration::from_secs(120),
+        ..test_config()
+    };
+    let node = Arc::new(
+        fief_tests::node_with_options(
+            config,
+            &[
+                (
+                    "hostile",
+                    guests::HOSTILE,
+                    ModuleOptions {
+                        cpu_limit,
+                        ..hostile_options()
+                    },
+                ),
+                ("probe", guests::PROBE, ModuleOptions::default()),
+            ],
+        )
+        .await,
+    );
     let before = thread_cpu();
     let died = node.call("hostile", "loop-init-1", b"ping".to_vec()).await;
     let used = thread_cpu() - before;
