@@ -177,8 +177,8 @@ pub(super) async fn run_inline(
 
 /// Start a key's process and run `handle-call` on it, on the caller's task:
 /// the activation of an absent key by a routed call, with no hop to the
-/// key's task and back (whose task, spawned beside, takes the process once
-/// this lets go of it).
+/// key's task and back (the key's task, spawned beside, takes the process
+/// when a message comes).
 ///
 /// Like an inline call, it is demoted to the key's task at its first epoch
 /// tick (in `init` or in the call) and handed to it if its caller goes away
