@@ -357,8 +357,9 @@ impl ModuleSlot {
     /// When the key is idle (nothing in its mailbox, nothing being
     /// processed) and the call is routed, the call runs right here on the
     /// caller's task, holding the key's process: no hop to the key's task
-    /// and back. Otherwise it goes through the mailbox like every other
-    /// message. Either way the key runs one callback at a time, in arrival
+    /// and back. When the key has no entry (and the node may act), a routed
+    /// call starts its process right here too (`run_activation`). Otherwise
+    /// it goes through the mailbox like every other message. Either way the key runs one callback at a time, in arrival
     /// order, and with the `trace` of the request it serves.
     #[allow(
         clippy::too_many_arguments,
