@@ -105,8 +105,9 @@ pub(crate) struct KeyControl {
     has_orphan: AtomicBool,
     /// Why the process died during an inline call (its store is dropped).
     death: Mutex<Option<String>>,
-    /// Why a start run on a caller's task failed (`inline.rs`,
-    /// `run_activation`): the key's task fails its queued messages with it.
+    /// Why the process's start failed (on the key's task, or on a caller's:
+    /// `inline.rs`, `run_activation`): the key's task fails its queued
+    /// messages with it.
     start_error: Mutex<Option<Error>>,
     /// Inline calls so far (the idle timeout counts them as messages).
     inline_calls: AtomicU64,
@@ -293,7 +294,7 @@ impl KeyControl {
         lock(&self.death).clone()
     }
 
-    /// A start run on a caller's task failed with `error`.
+    /// The process's start failed with `error`.
     fn start_failed(&self, error: Error) {
         lock(&self.start_error).get_or_insert(error);
         self.changed.notify_waiters();

@@ -47,8 +47,9 @@ enum Exit {
     /// Stopped for being idle (its idle timeout, or evicted): messages that
     /// came during its `terminate` go to its next process.
     Retired,
-    /// Its start on the activating caller's task failed (`Start::ByCaller`):
-    /// the messages queued meanwhile fail with the same error.
+    /// Its start failed (on this task, or on the activating caller's,
+    /// `Start::ByCaller`): the messages queued meanwhile fail with the same
+    /// error.
     StartFailed(Error),
 }
 
@@ -62,8 +63,8 @@ pub(super) enum Start {
     },
     /// By the routed call that activated the key, on its caller's task
     /// (`inline.rs`, `run_activation`), which holds the process: the task
-    /// takes it once that call lets go of it (or finishes the call, when it
-    /// is handed over).
+    /// takes it when a message comes (or finishes the call, when it is
+    /// handed over).
     ByCaller,
 }
 
@@ -153,43 +154,33 @@ async fn drive_key(
     tokio::pin!(changed);
     changed.as_mut().enable();
     let mut held = None;
-    let started = match start {
-        Start::Here {
-            held: guard,
-            handoff,
-        } => {
-            services.observe(&env.module, &key, KeyLifeEvent::Started);
-            let started = tokio::select! {
-                biased;
-                () = control.killed() => Err(Error::KeyDied(format!(
-                    "killed: {}", control.reason().unwrap_or_default()
-                ))),
-                // Boxed, like the other guest calls below: the task's own
-                // future stays small (it lives as long as the key).
-                r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu, false)) => r,
-            };
-            started.map(|process| {
+    // The caller of `Start::ByCaller` starts the process; the loop below
+    // hears of its end through `changed` as of an inline call's (an orphan,
+    // a death, a start's failure), so nothing wakes this task when the
+    // caller lets go of the process. Either way a failed start ends the
+    // loop at once (`Exit::StartFailed`).
+    if let Start::Here {
+        held: guard,
+        handoff,
+    } = start
+    {
+        services.observe(&env.module, &key, KeyLifeEvent::Started);
+        let started = tokio::select! {
+            biased;
+            () = control.killed() => Err(Error::KeyDied(format!(
+                "killed: {}", control.reason().unwrap_or_default()
+            ))),
+            // Boxed, like the other guest calls below: the task's own
+            // future stays small (it lives as long as the key).
+            r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu, false)) => r,
+        };
+        match started {
+            Ok(process) => {
                 tracing::debug!(module = %slot.name, key = %key, "key started");
                 **held.insert(guard) = Some(process);
-            })
+            }
+            Err(error) => control.start_failed(error),
         }
-        // The caller starts the process; the loop below hears of its end
-        // through `changed` as of an inline call's (an orphan, a death, a
-        // start's failure), so nothing wakes this task when the caller
-        // lets go of the process.
-        Start::ByCaller => Ok(()),
-    };
-    if let Err(error) = started {
-        tracing::warn!(module = %slot.name, key = %key, %error, "key failed to start");
-        drop(held);
-        services.observe(&env.module, &key, KeyLifeEvent::Ended);
-        slot.remove_if_current(&key, env.generation);
-        control.exited.send_replace(true);
-        rx.close();
-        while let Ok(envelope) = rx.try_recv() {
-            envelope.fail(error.clone());
-        }
-        return;
     }
     let idle_timeout = module.options.idle_timeout;
     // The idle timer fires every `idle_timeout`; the key retires when a
@@ -416,10 +407,9 @@ async fn drive_key(
         slot.remove_if_current(&key, env.generation);
     }
     services.limbo.remove(&env.module, &key, env.generation);
-    control.exited.send_replace(true);
-    if let Some(answer) = last_word {
-        answer();
-    }
+    // Counted and logged before anyone hears of the end: a caller that
+    // reads the metrics or the log once answered finds this process's end
+    // in them.
     let why = match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
         Exit::Died(why) => why.clone(),
@@ -447,6 +437,10 @@ async fn drive_key(
         Exit::Stopped | Exit::Retired => {
             tracing::debug!(module = %slot.name, key = %key, "key stopped")
         }
+    }
+    control.exited.send_replace(true);
+    if let Some(answer) = last_word {
+        answer();
     }
     rx.close();
     while let Ok(envelope) = rx.try_recv() {
