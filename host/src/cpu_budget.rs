@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::config::{CpuCores, CpuShare};
+use crate::inline_share::TenantShare;
 use crate::metrics::SecondsCounter;
 use crate::sync::lock;
 
@@ -138,6 +139,9 @@ pub(crate) struct TenantCpu {
     /// The tenant's budget; `None`: the node sets none.
     budget: Option<Mutex<CpuBudget>>,
     limit: Option<CpuCores>,
+    /// Whether its routed calls may run on their callers' workers
+    /// ([`crate::inline_share`]).
+    inline: TenantShare,
 }
 
 impl TenantCpu {
@@ -151,6 +155,16 @@ impl TenantCpu {
     /// Whether the node gives this tenant a budget.
     pub(crate) fn has_budget(&self) -> bool {
         self.budget.is_some()
+    }
+
+    /// Nanoseconds its keys have run on this node so far.
+    pub(crate) fn used_nanos(&self) -> u64 {
+        self.used.nanos()
+    }
+
+    /// Its share of the callers' workers ([`crate::inline_share`]).
+    pub(crate) fn inline_share(&self) -> &TenantShare {
+        &self.inline
     }
 }
 
@@ -209,9 +223,15 @@ impl TenantCpuMeters {
                 Mutex::new(budget)
             }),
             limit: self.budget.map(|(cores, _)| cores),
+            inline: TenantShare::new(already),
         });
         meters.insert(tenant.to_owned(), meter.clone());
         meter
+    }
+
+    /// Every tenant's meter.
+    pub(crate) fn all(&self) -> Vec<Arc<TenantCpu>> {
+        lock(&self.meters).values().cloned().collect()
     }
 
     /// Every tenant's figures, by name.

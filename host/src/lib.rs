@@ -43,6 +43,7 @@ mod host_bytes;
 pub mod http;
 pub mod http_limits;
 mod http_modules;
+mod inline_share;
 mod key;
 #[cfg(test)]
 mod layers;

@@ -8,7 +8,9 @@
 //! of theirs. The one exception is deliberate and bounded: a routed call to
 //! an idle key runs inline on its caller's task for its first slice (see
 //! `key/inline.rs`, `run_inline`); a callback still running at its first epoch
-//! tick there is *demoted*: it continues on the key's task, in this pool.
+//! tick there is *demoted*: it continues on the key's task, in this pool;
+//! and a tenant whose calls take more than its share of those workers is
+//! served in this pool too (`crate::inline_share`).
 //!
 //! [`Scheduler`] decides the order in which long callbacks continue. Every
 //! running callback yields at each epoch tick; a callback that yields waits

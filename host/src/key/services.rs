@@ -3,7 +3,7 @@
 //! Key processes sit below the node. They reach it only through what this
 //! file defines: [`KeyServices`], the parts of the node its keys share (its
 //! configuration, engine and guest threads, pub/sub, limbo, clock, ledgers,
-//! meters and metrics, the observers, the storage pipeline and the fence
+//! meters and metrics, the callers' workers' shares, the observers, the storage pipeline and the fence
 //! gate), read directly on the warm path; and [`KeyNode`], the few
 //! operations that belong to the node itself (admitting an activation, and a
 //! guest's routed calls, casts and cache operations), behind a trait object.
@@ -26,10 +26,11 @@ use tokio_util::task::TaskTracker;
 use super::{KeyLife, KeyLifeEvent};
 use crate::clock::NodeClock;
 use crate::config::{ModuleOptions, NodeConfig};
-use crate::cpu_budget::TenantCpuMeters;
+use crate::cpu_budget::{TenantCpu, TenantCpuMeters};
 use crate::error::{Error, Result};
 use crate::event_log::{NodeEvent, NodeEventKind, NodeEventObserver};
 use crate::host_bytes::TenantLedgers;
+use crate::inline_share::InlineShares;
 use crate::limbo::Limbo;
 use crate::metrics::Metrics;
 use crate::pubsub::PubSub;
@@ -123,6 +124,9 @@ pub(crate) struct KeyServices {
     pub(crate) host_bytes: TenantLedgers,
     /// Each tenant's CPU here, and its budget ([`crate::cpu_budget`]).
     pub(crate) tenant_cpu: TenantCpuMeters,
+    /// Which tenants' routed calls may run on their callers' workers
+    /// ([`crate::inline_share`]).
+    pub(crate) inline_shares: InlineShares,
     /// Counters and histograms for `GET /metrics`.
     pub(crate) metrics: Metrics,
     /// The linear memory the node's live keys hold together
@@ -172,6 +176,14 @@ impl KeyServices {
             Some(until) if self.clock.now() < until => LeaseStatus::Current { fence_point: until },
             _ => LeaseStatus::Pending,
         }
+    }
+
+    /// May a routed call of a key of `tenant` run inline on its caller's
+    /// task at `ticks`, or is the tenant over its share of the callers'
+    /// workers ([`crate::inline_share`])?
+    pub(crate) fn may_run_inline(&self, tenant: &TenantCpu, ticks: u64) -> bool {
+        self.inline_shares
+            .may_run_inline(tenant.inline_share(), ticks, &self.tenant_cpu)
     }
 
     /// Report a key life event to the observer, if there is one.

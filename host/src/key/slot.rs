@@ -15,7 +15,7 @@
 use arc_swap::ArcSwap;
 use lru::LruCache;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fief_core::{OnFence, OwnershipToken, PartitionId};
@@ -26,7 +26,7 @@ use super::process::{ProcessCell, ProcessGuard};
 use super::task::{Meter, Start, key_meter, run_key};
 use super::{Envelope, Eviction, KeyControl, KeyEnv, KeyServices, Via, lock};
 use crate::bindings::types::StopReason;
-use crate::cpu_budget::CpuMeter;
+use crate::cpu_budget::{CpuMeter, TenantCpu};
 use crate::error::{Error, Result};
 use crate::host_bytes::Ledger;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
@@ -61,6 +61,10 @@ enum Miss {
     Absent,
     /// The key is live but not idle: the call goes through the mailbox.
     Busy,
+    /// The module's tenant is over its share of the callers' workers
+    /// ([`crate::inline_share`]): the call goes through the mailbox, and an
+    /// absent key is started by its own task on the guest threads.
+    OverShare,
 }
 
 /// A key activated for the routed call that found it absent, which starts
@@ -94,6 +98,8 @@ pub(crate) struct ModuleSlot {
     next_generation: AtomicU64,
     /// `fief_calls_inline_total{module}`.
     inline_calls: CallCounter,
+    /// The module's tenant's CPU meter, found at its first routed call.
+    tenant_cpu: OnceLock<Arc<TenantCpu>>,
 }
 
 /// One live key, as reported by [`crate::Instance::keys`].
@@ -126,7 +132,21 @@ impl ModuleSlot {
             recently_evicted: Mutex::new(LruCache::new(super::eviction::RECENTLY_EVICTED)),
             next_generation: AtomicU64::new(1),
             inline_calls,
+            tenant_cpu: OnceLock::new(),
         }
+    }
+
+    /// Whether a routed call to one of this module's keys may run on its
+    /// caller's task, as far as its tenant's share of the callers' workers
+    /// goes ([`crate::inline_share`]).
+    fn tenant_may_run_inline(&self, services: &KeyServices, ticks: u64) -> bool {
+        let tenant = self.tenant_cpu.get_or_init(|| {
+            let tenant = crate::auth::tenant_of(&self.name).unwrap_or("");
+            services
+                .tenant_cpu
+                .of(tenant, || services.metrics.tenant_cpu_counters(tenant))
+        });
+        services.may_run_inline(tenant, ticks)
     }
 
     /// The version new activations use.
@@ -376,7 +396,15 @@ impl ModuleSlot {
         trace: Option<TraceContext>,
     ) -> Result<Vec<u8>> {
         if via == Via::Routed {
-            match self.try_inline(key, services.runtime.ticks()) {
+            let ticks = services.runtime.ticks();
+            // A tenant over its share of the callers' workers is served on
+            // the guest threads (`crate::inline_share`).
+            let inline = if self.tenant_may_run_inline(services, ticks) {
+                self.try_inline(key, ticks)
+            } else {
+                Err(Miss::OverShare)
+            };
+            match inline {
                 Ok((process, control, cpu)) => {
                     // For the event log, read before the check, as the key
                     // loop does.

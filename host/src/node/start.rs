@@ -240,6 +240,7 @@ impl InstanceBuilder {
         let guest = guest_pool.handle().clone();
         let fence_gate = membership.gate();
         let pubsub = PubSub::new(&config.node_id);
+        let epoch_tick = config.epoch_tick;
         let shared = Arc::new_cyclic(|node: &Weak<NodeShared>| NodeShared {
             services: Arc::new(KeyServices {
                 node_id: NodeId::new(&config.node_id),
@@ -254,6 +255,12 @@ impl InstanceBuilder {
                 clock,
                 host_bytes: TenantLedgers::new(host_bytes_per_tenant),
                 tenant_cpu,
+                // The callers' workers: the runtime the node starts on runs
+                // its HTTP API and peer links.
+                inline_shares: crate::inline_share::InlineShares::new(
+                    tokio::runtime::Handle::current().metrics().num_workers(),
+                    epoch_tick,
+                ),
                 metrics,
                 pool_freed: tokio::sync::Notify::new(),
                 guest_memory: Arc::default(),

@@ -6,6 +6,7 @@
 //! |------------------------|-------------------------------------------------------------|
 //! | call `ping`            | replies `pong` (the process is healthy)                     |
 //! | call `spin`            | loops forever                                               |
+//! | call `burn <turns>`    | loops `turns` times (bounded work), then replies `burnt`    |
 //! | call `spin-after-call <module> <key>` | host-calls that key with `ping` (5 s timeout), then loops forever |
 //! | `handle-fence`         | loops forever (misses every fence deadline)                 |
 //! | `init`                 | loops forever if the key starts with `spin-init`            |
@@ -44,6 +45,16 @@ impl Key for Spin {
         if text == "spin" {
             spin_forever();
         }
+        if let Some(turns) = text.strip_prefix("burn ") {
+            let turns: u64 = turns
+                .parse()
+                .map_err(|_| format!("spin: expected burn <turns>, got {text:?}"))?;
+            let mut done: u64 = 0;
+            while black_box(done) < turns {
+                done += 1;
+            }
+            return Ok(b"burnt".to_vec());
+        }
         if let Some(target) = text.strip_prefix("spin-after-call ") {
             let (module, key) = target.split_once(' ').ok_or_else(|| {
                 format!("spin: expected spin-after-call <module> <key>, got {text:?}")
@@ -53,7 +64,8 @@ impl Key for Spin {
             spin_forever();
         }
         Err(format!(
-            "spin: unknown message {text:?}; expected ping, spin, spin-after-call <module> <key>"
+            "spin: unknown message {text:?}; expected ping, spin, burn <turns>, \
+             spin-after-call <module> <key>"
         ))
     }
 
