@@ -15,32 +15,37 @@
 //!
 //! So this module gives each tenant a fair share of them. Time is cut into
 //! windows of [`WINDOW`] (counted in epoch ticks: one tick if a tick is
-//! longer); at the first routed call of a
-//! window, one caller looks at what each tenant's keys used over the window
-//! before (their CPU time, inline and on the guest threads:
-//! `fief_tenant_cpu_seconds_total`) and, when two or more tenants used any,
-//! if together they used more than three quarters of the window's length
-//! times the callers' workers (the workers are contended), marks *over its
-//! share* each tenant that used more than that time divided by the number of
-//! tenants that used any; a tenant so marked stays marked while it uses more
-//! than half of its share and the tenants together more than half the
-//! workers' time (so it does not flip in and out every window). A marked tenant's
-//! routed calls go through its keys' mailboxes to the guest threads (and its
-//! absent keys are started by their own tasks there, not by their callers),
-//! where they take fair turns with everyone's and run at the guest threads'
-//! lower priority; the others' still run inline. A tenant alone on the node is
-//! never marked: one tenant cannot starve itself. A call is still served
-//! either way; only where it runs changes.
+//! longer); at the first routed call of a window, one caller looks at how
+//! busy the node's runtime's workers were (tokio's busy time) and at what
+//! each tenant's keys used (their CPU time, inline and on the guest threads:
+//! `fief_tenant_cpu_seconds_total`), each as a share of the workers' time,
+//! smoothed over windows. When two or more tenants used any and the workers
+//! were busy more than three quarters of the time, it marks *over its share*
+//! each tenant whose load is above an equal share (all the workers' time
+//! divided by the tenants that used any); a tenant so marked stays marked
+//! while its load is above half of that, busy workers or not (its calls no
+//! longer run on them), so it does not flip in and out every window. A
+//! marked tenant's routed calls go through its keys' mailboxes to the guest
+//! threads (and its absent keys are started by their own tasks there, not by
+//! their callers), where they take fair turns with everyone's and run at the
+//! guest threads' lower priority; the others' still run inline. A tenant
+//! alone on the node is never marked: one tenant cannot starve itself. A call
+//! is still served either way; only where it runs changes. What a tenant's
+//! clients cost the workers outside its keys' calls (an HTTP request's
+//! parsing, routing) is not moved: the guest threads cannot take it.
 //!
 //! The hot path reads two atomics (the window decided and the tenant's mark);
-//! the decision takes one clock read and a short walk of the tenants once a
-//! window. This module must not decide anything else about a call: whether
-//! its key is idle and may run inline at all is the key table's
-//! (`key/slot.rs`), budgets over time are [`crate::cpu_budget`]'s.
+//! the decision takes one clock read, the workers' busy times and a short
+//! walk of the tenants once a window. This module must not decide anything
+//! else about a call: whether its key is idle and may run inline at all is
+//! the key table's (`key/slot.rs`), budgets over time are
+//! [`crate::cpu_budget`]'s.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::runtime::RuntimeMetrics;
 
 use crate::cpu_budget::TenantCpuMeters;
 
@@ -80,22 +85,36 @@ pub(crate) struct InlineShares {
     decided: AtomicU64,
     /// Epoch ticks per window.
     window_ticks: u64,
-    /// How many workers run the callers' tasks (the node's own runtime's).
-    workers: u64,
-    /// When the last decision was made; held while one is made.
-    last: Mutex<Instant>,
+    /// The callers' runtime (the node's own): its workers and how busy
+    /// they were.
+    workers: RuntimeMetrics,
+    /// The last decision; held while one is made.
+    last: Mutex<Decision>,
+}
+
+/// When the last decision was made, and how busy the workers had been.
+struct Decision {
+    at: Instant,
+    busy_nanos: u64,
+    /// The workers' smoothed busy share, in millionths of all of them.
+    busy: u64,
 }
 
 impl InlineShares {
-    /// Shares of a runtime with `workers` workers, on a node whose epoch
-    /// ticks every `epoch_tick`.
-    pub(crate) fn new(workers: usize, epoch_tick: Duration) -> Self {
+    /// Shares of the runtime of `workers`, on a node whose epoch ticks
+    /// every `epoch_tick`.
+    pub(crate) fn new(workers: RuntimeMetrics, epoch_tick: Duration) -> Self {
         let per_tick = epoch_tick.as_nanos().max(1);
+        let busy_nanos = busy_nanos(&workers);
         InlineShares {
             decided: AtomicU64::new(0),
             window_ticks: u64::try_from(WINDOW.as_nanos() / per_tick).map_or(1, |n| n.max(1)),
-            workers: u64::try_from(workers.max(1)).unwrap_or(1),
-            last: Mutex::new(Instant::now()),
+            workers,
+            last: Mutex::new(Decision {
+                at: Instant::now(),
+                busy_nanos,
+                busy: 0,
+            }),
         }
     }
 
@@ -125,10 +144,16 @@ impl InlineShares {
             return;
         }
         let now = Instant::now();
-        let elapsed = u64::try_from(now.duration_since(*last).as_nanos()).unwrap_or(u64::MAX);
-        *last = now;
+        let elapsed = u64::try_from(now.duration_since(last.at).as_nanos()).unwrap_or(u64::MAX);
+        let workers = u64::try_from(self.workers.num_workers().max(1)).unwrap_or(1);
+        let capacity = elapsed.saturating_mul(workers);
+        let busy_now = busy_nanos(&self.workers);
+        last.busy = smooth(
+            last.busy,
+            millionths(busy_now.saturating_sub(last.busy_nanos), capacity),
+        );
+        (last.at, last.busy_nanos) = (now, busy_now);
         let tenants = meters.all();
-        let capacity = elapsed.saturating_mul(self.workers);
         let mut loads: Vec<Load> = tenants
             .iter()
             .map(|tenant| {
@@ -141,7 +166,7 @@ impl InlineShares {
                 }
             })
             .collect();
-        mark(capacity, &mut loads);
+        mark(capacity, last.busy, &mut loads);
         for (tenant, load) in tenants.iter().zip(loads) {
             let share = tenant.inline_share();
             share.load.store(load.smoothed, Ordering::Relaxed);
@@ -150,48 +175,60 @@ impl InlineShares {
     }
 }
 
+/// How long the runtime's workers have been busy so far, together.
+fn busy_nanos(workers: &RuntimeMetrics) -> u64 {
+    (0..workers.num_workers())
+        .map(|w| u64::try_from(workers.worker_total_busy_duration(w).as_nanos()).unwrap_or(0))
+        .sum()
+}
+
+/// `part` of `whole`, in millionths (at most four wholes).
+fn millionths(part: u64, whole: u64) -> u64 {
+    u64::try_from(u128::from(part) * u128::from(WHOLE) / u128::from(whole.max(1)))
+        .unwrap_or(u64::MAX)
+        .min(4 * WHOLE)
+}
+
+/// `before` moved a quarter of the way to `now`: one window's figure swings
+/// with whatever the OS ran in it, on a loaded machine most of all.
+fn smooth(before: u64, now: u64) -> u64 {
+    (3 * before + now) / 4
+}
+
 /// One tenant's use of the workers, as one decision sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Load {
     /// Nanoseconds its keys ran in the window.
     spent: u64,
     /// Its load before the window, then after it: the share of the workers'
-    /// time it used, in millionths, smoothed over windows (each window
-    /// counts a quarter), since on a loaded machine one window's figure
-    /// swings with whatever the OS ran in it.
+    /// time it used, in millionths, smoothed over windows ([`smooth`]).
     smoothed: u64,
     /// Over its share, before the window, then after it.
     over: bool,
 }
 
-/// Millionths: a whole worker's time over the window.
+/// Millionths: all the workers' time over the window.
 const WHOLE: u64 = 1_000_000;
 
 /// Decide every tenant's load and mark from what each used of `capacity`
-/// (nanoseconds of the callers' workers over the window; see the module
+/// (nanoseconds of the callers' workers over the window), given how busy
+/// the workers were (`busy`, smoothed, in millionths; see the module
 /// header).
-fn mark(capacity: u64, loads: &mut [Load]) {
+fn mark(capacity: u64, busy: u64, loads: &mut [Load]) {
     for load in loads.iter_mut() {
-        let now =
-            u64::try_from(u128::from(load.spent) * u128::from(WHOLE) / u128::from(capacity.max(1)))
-                .unwrap_or(u64::MAX)
-                .min(4 * WHOLE);
-        load.smoothed = (3 * load.smoothed + now) / 4;
+        load.smoothed = smooth(load.smoothed, millionths(load.spent, capacity));
     }
     // Active: used some in this window, or lately (a load above a
-    // thousandth of a worker).
+    // thousandth of the workers).
     let active = loads
         .iter()
         .filter(|l| l.spent > 0 || l.smoothed >= WHOLE / 1000)
         .count() as u64;
-    let total: u64 = loads.iter().map(|l| l.smoothed).sum();
     let fair = WHOLE / active.max(1);
-    // Contended: the tenants together used most of the workers' time.
-    let (contended, still_contended) = (total > WHOLE / 4 * 3, total > WHOLE / 2);
+    let contended = busy > WHOLE / 4 * 3;
     for load in loads.iter_mut() {
         load.over = active >= 2
-            && ((contended && load.smoothed > fair)
-                || (load.over && still_contended && load.smoothed > fair / 2));
+            && ((contended && load.smoothed > fair) || (load.over && load.smoothed > fair / 2));
     }
 }
 
@@ -199,9 +236,9 @@ fn mark(capacity: u64, loads: &mut [Load]) {
 mod tests {
     use super::{Load, WHOLE, mark};
 
-    /// `windows` windows of `capacity`, each tenant using what `spent`
-    /// gives it; the marks after each.
-    fn run(capacity: u64, spent: &[u64], windows: usize) -> Vec<Vec<bool>> {
+    /// `windows` windows of `capacity`, with the workers `busy` (millionths)
+    /// and each tenant using what `spent` gives it; the marks after each.
+    fn run(capacity: u64, busy: u64, spent: &[u64], windows: usize) -> Vec<Vec<bool>> {
         let mut loads: Vec<Load> = spent
             .iter()
             .map(|&spent| Load {
@@ -212,7 +249,7 @@ mod tests {
             .collect();
         (0..windows)
             .map(|_| {
-                mark(capacity, &mut loads);
+                mark(capacity, busy, &mut loads);
                 loads.iter().map(|l| l.over).collect()
             })
             .collect()
@@ -220,34 +257,47 @@ mod tests {
 
     // Two workers for 10 ms.
     const CAPACITY: u64 = 20_000_000;
+    // Busy workers: contended.
+    const BUSY: u64 = WHOLE / 10 * 9;
 
     #[test]
     fn a_tenant_alone_is_never_over() {
-        assert!(run(CAPACITY, &[CAPACITY], 20).iter().all(|m| m == &[false]));
+        assert!(
+            run(CAPACITY, BUSY, &[CAPACITY], 20)
+                .iter()
+                .all(|m| m == &[false])
+        );
     }
 
     #[test]
     fn a_tenant_above_an_equal_share_is_over_while_others_are_not() {
-        let marks = run(CAPACITY, &[18_000_000, 100_000], 20);
+        let marks = run(CAPACITY, BUSY, &[18_000_000, 100_000], 20);
         assert_eq!(marks[0], [false, false], "one window is not enough to mark");
         assert_eq!(marks[19], [true, false]);
+        // Its metered time may be well under the workers' busy time (the
+        // callers' own work on its calls is not metered).
+        assert_eq!(
+            run(CAPACITY, BUSY, &[13_000_000, 100_000], 20)[19],
+            [true, false]
+        );
         assert!(
-            run(CAPACITY, &[9_000_000, 100_000], 20)
+            run(CAPACITY, BUSY, &[9_000_000, 100_000], 20)
                 .iter()
                 .all(|m| m == &[false, false])
         );
         // Three tenants that used some: a third each.
         assert_eq!(
-            run(CAPACITY, &[10_000_000, 6_000_000, 1], 20)[19],
+            run(CAPACITY, BUSY, &[8_000_000, 6_000_000, 1], 20)[19],
             [true, false, false]
         );
     }
 
     #[test]
     fn no_tenant_is_over_while_the_workers_have_time_to_spare() {
-        // 12 ms of 20 used together: one tenant above half, but no one waits.
+        // Workers busy 60 % of the time: one tenant above half, but no one
+        // waits long.
         assert!(
-            run(CAPACITY, &[11_000_000, 1_000_000], 20)
+            run(CAPACITY, WHOLE / 10 * 6, &[11_000_000, 1_000_000], 20)
                 .iter()
                 .all(|m| m == &[false, false])
         );
@@ -265,22 +315,28 @@ mod tests {
             smoothed: WHOLE / 1000 * permille,
             over: was_over,
         };
-        // Marked at 60 % of the workers beside another tenant at 40 %: still
-        // over; at 20 % (under half of its half) beside 40 %, not.
-        let mut loads = [steady(600, true), steady(400, false)];
-        mark(CAPACITY, &mut loads);
+        let idle = WHOLE / 10;
+        // Marked, at 30 % of the workers beside another tenant at 10 %,
+        // with the workers hardly busy (its calls no longer run on them):
+        // still over; at 20 % (under half of its half), not.
+        let mut loads = [steady(300, true), steady(100, false)];
+        mark(CAPACITY, idle, &mut loads);
         assert_eq!([loads[0].over, loads[1].over], [true, false]);
-        let mut loads = [steady(200, true), steady(400, false)];
-        mark(CAPACITY, &mut loads);
+        let mut loads = [steady(200, true), steady(100, false)];
+        mark(CAPACITY, idle, &mut loads);
         assert_eq!([loads[0].over, loads[1].over], [false, false]);
         // Not marked before, 45 % (under its half) is not enough to be
         // marked, though it was enough to stay marked.
         let mut loads = [steady(450, false), steady(400, false)];
-        mark(CAPACITY, &mut loads);
+        mark(CAPACITY, BUSY, &mut loads);
         assert_eq!([loads[0].over, loads[1].over], [false, false]);
         // One quiet window does not unmark a tenant with a high load.
         let mut loads = [over(WHOLE), steady(100, false)];
-        mark(CAPACITY, &mut loads);
+        mark(CAPACITY, idle, &mut loads);
         assert!(loads[0].over, "one quiet window unmarked it: {loads:?}");
+        // Alone again, it is not over.
+        let mut loads = [over(WHOLE)];
+        mark(CAPACITY, BUSY, &mut loads);
+        assert!(!loads[0].over);
     }
 }

@@ -258,7 +258,7 @@ impl InstanceBuilder {
                 // The callers' workers: the runtime the node starts on runs
                 // its HTTP API and peer links.
                 inline_shares: crate::inline_share::InlineShares::new(
-                    tokio::runtime::Handle::current().metrics().num_workers(),
+                    tokio::runtime::Handle::current().metrics(),
                     epoch_tick,
                 ),
                 metrics,
