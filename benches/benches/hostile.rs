@@ -28,7 +28,8 @@
 //! The attackers' modules are of tenant `mallory`; the victim's is of none.
 //!
 //! Run with `cargo bench -p fief-benches --bench hostile` (add `-- --quick`
-//! for a smoke run); the figures are in `docs/benchmarks.md`, "Hostile
+//! for a smoke run; `FIEF_HOSTILE_BOMB_MIB` sets the attackers' memory
+//! limit, default 16); the figures are in `docs/benchmarks.md`, "Hostile
 //! guests".
 
 mod common;
@@ -56,8 +57,17 @@ const HOSTILE: &str = "mallory/hostile";
 /// The attackers' module with a `cpu_budget` (the timer storm).
 const BUDGETED: &str = "mallory/budgeted";
 
+/// The attackers' memory limit in MiB: `FIEF_HOSTILE_BOMB_MIB`, default 16
+/// (to see whether what a bomb costs its neighbours follows its size).
+fn bomb_mib() -> u64 {
+    std::env::var("FIEF_HOSTILE_BOMB_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16)
+}
+
 /// The node: `counter` with default options, `mallory/hostile` with a 100 ms CPU
-/// limit and a 16 MiB memory limit, `mallory/budgeted` (the same guest) with a
+/// limit and a 16 MiB memory limit (see [`bomb_mib`]), `mallory/budgeted` (the same guest) with a
 /// `cpu_budget` of 100m as well.
 async fn node() -> Arc<Instance> {
     let config = NodeConfig {
@@ -67,7 +77,7 @@ async fn node() -> Arc<Instance> {
     };
     let hostile = ModuleOptions {
         cpu_limit: Duration::from_millis(100),
-        memory_limit: ByteSize::mib(16),
+        memory_limit: ByteSize::mib(bomb_mib()),
         max_publishes_per_second: 1000,
         ..ModuleOptions::default()
     };
