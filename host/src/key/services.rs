@@ -3,10 +3,11 @@
 //! Key processes sit below the node. They reach it only through what this
 //! file defines: [`KeyServices`], the parts of the node its keys share (its
 //! configuration, engine and guest threads, pub/sub, limbo, clock, ledgers,
-//! meters and metrics, the callers' workers' shares, the observers, the storage pipeline and the fence
-//! gate), read directly on the warm path; and [`KeyNode`], the few
-//! operations that belong to the node itself (admitting an activation, and a
-//! guest's routed calls, casts and cache operations), behind a trait object.
+//! meters and metrics, the callers' workers' shares, the observers, the
+//! storage pipeline and the fence gate), read directly on the warm path; and
+//! [`KeyNode`], the few operations that belong to the node itself (admitting
+//! an activation, and a guest's routed calls, casts and cache operations),
+//! behind a trait object.
 //! The node (`node::NodeShared`) holds the services and implements
 //! [`KeyNode`]; this layer never names it.
 //!

@@ -407,7 +407,7 @@ async fn drive_key(
         slot.remove_if_current(&key, env.generation);
     }
     // Only a survivor can be in limbo: the fence marks it before it adds
-    // it, under the table's lock `remove_if_current` took above. Telling
+    // it, under the table's lock this task took above to leave. Telling
     // the limbo's task of every other end cost two allocations and a
     // thread's wake-up per key (100 000 at the fence of 100 000 keys; one
     // more per eviction).
