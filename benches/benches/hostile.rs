@@ -29,7 +29,8 @@
 //!
 //! Run with `cargo bench -p fief-benches --bench hostile` (add `-- --quick`
 //! for a smoke run; `FIEF_HOSTILE_BOMB_MIB` sets the attackers' memory
-//! limit, default 16); the figures are in `docs/benchmarks.md`, "Hostile
+//! limit, default 16, and `FIEF_HOSTILE_EPOCH_TICK_US` the node's epoch
+//! tick); the figures are in `docs/benchmarks.md`, "Hostile
 //! guests".
 
 mod common;
@@ -66,6 +67,16 @@ fn bomb_mib() -> u64 {
         .unwrap_or(16)
 }
 
+/// The node's epoch tick: `FIEF_HOSTILE_EPOCH_TICK_US` microseconds, default
+/// the node's (1 ms). It is the longest an inline call holds its caller's
+/// worker before it is demoted.
+fn epoch_tick() -> Duration {
+    std::env::var("FIEF_HOSTILE_EPOCH_TICK_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(NodeConfig::default().epoch_tick, Duration::from_micros)
+}
+
 /// The node: `counter` with default options, `mallory/hostile` with a 100 ms CPU
 /// limit and a 16 MiB memory limit (see [`bomb_mib`]), `mallory/budgeted` (the same guest) with a
 /// `cpu_budget` of 100m as well.
@@ -73,6 +84,7 @@ async fn node() -> Arc<Instance> {
     let config = NodeConfig {
         max_live_keys: 64,
         max_memory_per_key: ByteSize::mib(64),
+        epoch_tick: epoch_tick(),
         ..NodeConfig::default()
     };
     let hostile = ModuleOptions {
