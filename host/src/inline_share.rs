@@ -34,7 +34,8 @@
 //! clients cost the workers outside its keys' calls (an HTTP request's
 //! parsing, routing) is not moved: the guest threads cannot take it.
 //!
-//! The hot path reads two atomics (the window decided and the tenant's mark);
+//! The hot path reads three atomics (the module's tenant, found once, the
+//! window decided and the tenant's mark);
 //! the decision takes one clock read, the workers' busy times and a short
 //! walk of the tenants once a window. This module must not decide anything
 //! else about a call: whether its key is idle and may run inline at all is

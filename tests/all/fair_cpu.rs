@@ -28,6 +28,19 @@ use fief_tests::{HttpServer, call_text, guests, node_with_options, test_config};
 /// (a victim starved behind guest code waits for seconds).
 const VICTIM_BOUND: Duration = Duration::from_secs(1);
 
+/// The tests here either measure shares of the machine's CPU or burn most
+/// of it (`a_tenant_over_its_share_...` keeps both workers of its runtime
+/// busy): run beside each other on a loaded 2-core machine, one's load
+/// starved another's guest threads (a tenant budget never reached, a 1 ms
+/// ticker a third as fast). They take this lock, so they run one at a time
+/// (the rest of the suite still runs beside them).
+static CPU_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Wait for the other CPU tests of this file to finish (see [`CPU_TESTS`]).
+async fn one_cpu_test_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    CPU_TESTS.lock().await
+}
+
 /// Options for spinning keys: they loop in `handle-cast` until `cpu_limit`.
 fn spinner_options(cpu_limit: Duration) -> ModuleOptions {
     ModuleOptions {
@@ -67,6 +80,7 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 /// sockets only every 61 task polls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_victim_answers_over_http_while_four_keys_of_another_module_spin() {
+    let _alone = one_cpu_test_at_a_time().await;
     let config = NodeConfig {
         epoch_tick: Duration::from_millis(100),
         kill_bound: Duration::from_millis(250),
@@ -170,6 +184,7 @@ async fn cpu_of_two_spinning_modules(
 /// tenants alike.
 #[tokio::test]
 async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
+    let _alone = one_cpu_test_at_a_time().await;
     let (acme, globex) =
         cpu_of_two_spinning_modules(test_config(), ("acme/spin", "globex/spin"), (4, 1)).await;
     let share = globex / (acme + globex);
@@ -192,6 +207,7 @@ async fn a_tenant_with_one_spinning_key_gets_as_much_as_one_with_four() {
 /// (equal weights give half). Measured as a share, like the test above.
 #[tokio::test]
 async fn a_tenant_of_weight_three_gets_about_three_times_the_cpu_of_one_of_weight_one() {
+    let _alone = one_cpu_test_at_a_time().await;
     let config = NodeConfig {
         tenant_cpu_weights: [("gold".to_owned(), 3)].into(),
         ..test_config()
@@ -223,6 +239,7 @@ async fn a_tenant_of_weight_three_gets_about_three_times_the_cpu_of_one_of_weigh
 /// key's calls keep answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_whose_timer_rearms_at_zero_is_held_to_its_cpu_budget() {
+    let _alone = one_cpu_test_at_a_time().await;
     let budgeted = ModuleOptions {
         cpu_budget: "5m".parse().expect("a share"),
         ..ModuleOptions::default()
@@ -330,6 +347,7 @@ async fn a_key_whose_timer_rearms_at_zero_is_held_to_its_cpu_budget() {
 /// 50 ms per key, `CpuMeter::sit_out`; it used to lag by the whole wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_keys_together_are_held_to_the_cpu_budget_per_tenant() {
+    let _alone = one_cpu_test_at_a_time().await;
     let config = NodeConfig {
         cpu_budget_per_tenant: Some("50m".parse().expect("cores")),
         ..test_config()
@@ -400,6 +418,7 @@ async fn a_tenants_keys_together_are_held_to_the_cpu_budget_per_tenant() {
 /// 100 µs of inline time, a 1 ms ticker task beside the loops keeps ticking.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_looping_over_inline_calls_let_their_workers_serve_others() {
+    let _alone = one_cpu_test_at_a_time().await;
     let node = Arc::new(
         node_with_options(
             test_config(),
@@ -502,14 +521,18 @@ fn keep_calling(
 /// two-worker runtime. Alone, every one of them runs inline: one tenant is
 /// never held back. Beside another tenant's calls (a victim calling every
 /// millisecond), `mallory` uses more than its half of the two workers, and
-/// its calls go through its keys' mailboxes to the guest threads, while the
-/// victim's still run inline. Without the shares, all of `mallory`'s calls
+/// its calls go through its keys' mailboxes to the guest threads (and its
+/// new keys start on their own tasks there), while the victim's still run
+/// inline. Without the shares, all of `mallory`'s calls
 /// ran inline in both phases. Counted, not timed: the workers' busy time and
 /// the keys' CPU are measured in wall time, so a loaded machine shows
 /// `mallory`'s two callers using about both workers all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_share_of_the_callers_workers_is_served_on_the_guest_threads() {
+    let _alone = one_cpu_test_at_a_time().await;
     const BURNER: &str = "mallory/spin";
+    // Keys of `mallory` started by a call while it is over its share.
+    const FRESH: &str = "mallory/fresh";
     // A call demoted at an epoch tick waits for the guest threads instead
     // of running on its caller: with long ticks, a burn is almost never
     // demoted, even when the loaded machine stretches it to milliseconds.
@@ -523,6 +546,7 @@ async fn a_tenant_over_its_share_of_the_callers_workers_is_served_on_the_guest_t
             config,
             &[
                 (BURNER, guests::SPIN, ModuleOptions::default()),
+                (FRESH, guests::SPIN, ModuleOptions::default()),
                 ("counter", guests::COUNTER, ModuleOptions::default()),
             ],
         )
@@ -565,10 +589,28 @@ async fn a_tenant_over_its_share_of_the_callers_workers_is_served_on_the_guest_t
     let pause = Some(Duration::from_millis(1));
     let victim = ("counter", "victim", &b"incr"[..]);
     tasks.push(keep_calling(&node, victim, pause, &stop, &victim_calls));
+    // And new keys of `mallory`, one every 20 ms: each call activates one.
+    let fresh_calls = Arc::new(AtomicU64::new(0));
+    tasks.push({
+        let (node, stop, fresh_calls) = (node.clone(), stop.clone(), fresh_calls.clone());
+        tokio::spawn(async move {
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                node.call(FRESH, &format!("fresh-{i}"), b"ping".to_vec())
+                    .await
+                    .expect("a fresh key starts");
+                fresh_calls.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let ((shared, shared_inline), (victim, victim_inline)) = tokio::join!(
+    let ((shared, shared_inline), (victim, victim_inline), (fresh, fresh_inline)) = tokio::join!(
         measure(BURNER, &burns, Duration::from_millis(600)),
         measure("counter", &victim_calls, Duration::from_millis(600)),
+        measure(FRESH, &fresh_calls, Duration::from_millis(600)),
     );
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
@@ -576,9 +618,10 @@ async fn a_tenant_over_its_share_of_the_callers_workers_is_served_on_the_guest_t
     }
     eprintln!(
         "alone: {alone_inline} of {alone} mallory calls inline; beside the victim: \
-         {shared_inline} of {shared}, and {victim_inline} of {victim} victim calls"
+         {shared_inline} of {shared}, {fresh_inline} of {fresh} activations, and \
+         {victim_inline} of {victim} victim calls"
     );
-    assert!(alone > 0 && shared > 0 && victim > 0);
+    assert!(alone > 0 && shared > 0 && victim > 0 && fresh > 0);
     assert!(
         alone_inline * 10 >= alone * 9,
         "alone, mallory's calls ran inline only {alone_inline} times of {alone}"
@@ -587,6 +630,11 @@ async fn a_tenant_over_its_share_of_the_callers_workers_is_served_on_the_guest_t
         shared_inline * 2 <= shared,
         "beside another tenant, mallory's calls still ran inline {shared_inline} times of \
          {shared}"
+    );
+    assert!(
+        fresh_inline * 2 <= fresh,
+        "beside another tenant, mallory's new keys still started on their callers' tasks \
+         {fresh_inline} times of {fresh}"
     );
     assert!(
         victim_inline * 10 >= victim * 9,
