@@ -61,25 +61,31 @@ const BUDGETED: &str = "mallory/budgeted";
 /// The attackers' memory limit in MiB: `FIEF_HOSTILE_BOMB_MIB`, default 16
 /// (to see whether what a bomb costs its neighbours follows its size).
 fn bomb_mib() -> u64 {
-    std::env::var("FIEF_HOSTILE_BOMB_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16)
+    env_number("FIEF_HOSTILE_BOMB_MIB").unwrap_or(16)
+}
+
+/// The whole number in `var`, if it is set; a value that is not one stops
+/// the bench with its name (a typo must not measure the default silently).
+fn env_number(var: &str) -> Option<u64> {
+    let value = std::env::var(var).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{var}={value:?}: expected a whole number")),
+    )
 }
 
 /// The node's epoch tick: `FIEF_HOSTILE_EPOCH_TICK_US` microseconds, default
 /// the node's (1 ms). It is the longest an inline call holds its caller's
 /// worker before it is demoted.
 fn epoch_tick() -> Duration {
-    std::env::var("FIEF_HOSTILE_EPOCH_TICK_US")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    env_number("FIEF_HOSTILE_EPOCH_TICK_US")
         .map_or(NodeConfig::default().epoch_tick, Duration::from_micros)
 }
 
 /// The node: `counter` with default options, `mallory/hostile` with a 100 ms CPU
-/// limit and a 16 MiB memory limit (see [`bomb_mib`]), `mallory/budgeted` (the same guest) with a
-/// `cpu_budget` of 100m as well.
+/// limit and a 16 MiB memory limit (see [`bomb_mib`]), `mallory/budgeted` (the
+/// same guest) with a `cpu_budget` of 100m as well.
 async fn node() -> Arc<Instance> {
     let config = NodeConfig {
         max_live_keys: 64,
