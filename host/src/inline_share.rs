@@ -22,7 +22,13 @@
 //! smoothed over windows. When two or more tenants used any and the workers
 //! were busy more than three quarters of the time, it marks *over its share*
 //! each tenant whose load is above an equal share (all the workers' time
-//! divided by the tenants that used any); a tenant so marked stays marked
+//! divided by the tenants that used any), and, busy workers or not, each
+//! tenant whose demoted inline calls held the workers a twentieth of the
+//! window (a demoted call held its caller's worker until its first epoch tick, with
+//! whatever was queued behind it: memory bombs, each a fresh activation
+//! filling its memory for a tick every few milliseconds, left the workers
+//! under three quarters busy and a victim's p99 over HTTP 3–5×, traced in
+//! `docs/benchmarks.md`, "Issue 17, fifth pass"); a tenant so marked stays marked
 //! while its load is above half of that, busy workers or not (its calls no
 //! longer run on them), so it does not flip in and out every window. A
 //! marked tenant's routed calls go through its keys' mailboxes to the guest
@@ -61,6 +67,9 @@ pub(crate) struct TenantShare {
     /// Its load: the smoothed share of the workers' time it used, in
     /// millionths ([`Load`]).
     load: AtomicU64,
+    /// Nanoseconds its inline calls that were then demoted held their
+    /// callers' workers, since the last decision.
+    demoted_nanos: AtomicU64,
 }
 
 impl TenantShare {
@@ -70,7 +79,16 @@ impl TenantShare {
             over: AtomicBool::new(false),
             seen_nanos: AtomicU64::new(used_nanos),
             load: AtomicU64::new(0),
+            demoted_nanos: AtomicU64::new(0),
         }
+    }
+
+    /// One of the tenant's inline calls (or activations) was still running
+    /// at its first epoch tick, after holding its caller's worker for
+    /// `held` (up to a tick: the first slice ends at the next tick).
+    pub(crate) fn note_demoted(&self, held: Duration) {
+        let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+        self.demoted_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// Whether the tenant's routed calls must go through the guest threads.
@@ -162,6 +180,7 @@ impl InlineShares {
                 let before = share.seen_nanos.swap(nanos, Ordering::Relaxed);
                 Load {
                     spent: nanos.saturating_sub(before),
+                    held_by_demoted: share.demoted_nanos.swap(0, Ordering::Relaxed),
                     smoothed: share.load.load(Ordering::Relaxed),
                     over: share.is_over(),
                 }
@@ -201,6 +220,9 @@ fn smooth(before: u64, now: u64) -> u64 {
 struct Load {
     /// Nanoseconds its keys ran in the window.
     spent: u64,
+    /// Nanoseconds its inline calls that were demoted held callers'
+    /// workers in the window.
+    held_by_demoted: u64,
     /// Its load before the window, then after it: the share of the workers'
     /// time it used, in millionths, smoothed over windows ([`smooth`]).
     smoothed: u64,
@@ -210,6 +232,17 @@ struct Load {
 
 /// Millionths: all the workers' time over the window.
 const WHOLE: u64 = 1_000_000;
+
+/// The share of the workers' time (millionths) a tenant's demoted inline
+/// calls may hold in a window before it is over, busy workers or not: a
+/// twentieth, a tick of 1 ms in a window of two workers for 10 ms. A
+/// demoted call held its caller's worker up to a tick in one go, with
+/// whatever was queued behind it (memory bombs, each a new activation
+/// filling its memory until its first tick, every few milliseconds: a
+/// victim's p99 over HTTP 3–5×, with the workers busy under three quarters
+/// of the time). Counted in time held, not in calls: a short call that
+/// happened to straddle a tick is demoted after microseconds.
+const HELD_BY_DEMOTED_OVER: u64 = WHOLE / 20;
 
 /// Decide every tenant's load and mark from what each used of `capacity`
 /// (nanoseconds of the callers' workers over the window), given how busy
@@ -228,8 +261,11 @@ fn mark(capacity: u64, busy: u64, loads: &mut [Load]) {
     let fair = WHOLE / active.max(1);
     let contended = busy > WHOLE / 4 * 3;
     for load in loads.iter_mut() {
+        let holds_workers = millionths(load.held_by_demoted, capacity) >= HELD_BY_DEMOTED_OVER;
         load.over = active >= 2
-            && ((contended && load.smoothed > fair) || (load.over && load.smoothed > fair / 2));
+            && ((contended && load.smoothed > fair)
+                || holds_workers
+                || (load.over && load.smoothed > fair / 2));
     }
 }
 
@@ -244,6 +280,7 @@ mod tests {
             .iter()
             .map(|&spent| Load {
                 spent,
+                held_by_demoted: 0,
                 smoothed: 0,
                 over: false,
             })
@@ -308,11 +345,13 @@ mod tests {
     fn a_tenant_over_stays_over_until_it_uses_under_half_its_share() {
         let over = |smoothed: u64| Load {
             spent: 0,
+            held_by_demoted: 0,
             smoothed,
             over: true,
         };
         let steady = |permille: u64, was_over: bool| Load {
             spent: CAPACITY / 1000 * permille,
+            held_by_demoted: 0,
             smoothed: WHOLE / 1000 * permille,
             over: was_over,
         };
@@ -339,5 +378,49 @@ mod tests {
         let mut loads = [over(WHOLE)];
         mark(CAPACITY, BUSY, &mut loads);
         assert!(!loads[0].over);
+    }
+
+    #[test]
+    fn a_tenant_whose_demoted_inline_calls_held_the_workers_is_over_busy_or_not() {
+        let idle = WHOLE / 10;
+        let load = |held_ticks: u64| Load {
+            spent: 2_000_000,
+            held_by_demoted: held_ticks * 1_000_000,
+            smoothed: WHOLE / 10,
+            over: false,
+        };
+        // 1 ms held by demoted calls in a window of two workers for 10 ms:
+        // over, though the workers were mostly idle and its load is low.
+        let mut loads = [load(1), load(0)];
+        mark(CAPACITY, idle, &mut loads);
+        assert_eq!([loads[0].over, loads[1].over], [true, false]);
+        // With eight workers, 1 ms is under a twentieth: not over; nor is a
+        // short call demoted after 50 µs with two.
+        let mut loads = [load(1), load(0)];
+        mark(CAPACITY * 4, idle, &mut loads);
+        assert_eq!([loads[0].over, loads[1].over], [false, false]);
+        let mut loads = [
+            Load {
+                held_by_demoted: 50_000,
+                ..load(0)
+            },
+            load(0),
+        ];
+        mark(CAPACITY, idle, &mut loads);
+        assert_eq!([loads[0].over, loads[1].over], [false, false]);
+        // Alone, never.
+        let mut loads = [load(5)];
+        mark(CAPACITY, idle, &mut loads);
+        assert!(!loads[0].over);
+        // A window with no tick held, at a low load: no longer over.
+        let mut loads = [
+            Load {
+                over: true,
+                ..load(0)
+            },
+            load(0),
+        ];
+        mark(CAPACITY, idle, &mut loads);
+        assert_eq!([loads[0].over, loads[1].over], [false, false]);
     }
 }

@@ -491,6 +491,53 @@ async fn inline_calls(node: &Instance, module: &str) -> u64 {
     fief_tests::metric_value(&node.metrics_text().await, &series).unwrap_or(0.0) as u64
 }
 
+/// What `calls` and `module`'s inline counter moved over `period`.
+async fn calls_and_inline_over(
+    node: &Instance,
+    module: &str,
+    calls: &AtomicU64,
+    period: Duration,
+) -> (u64, u64) {
+    let (calls_0, inline_0) = (
+        calls.load(Ordering::Relaxed),
+        inline_calls(node, module).await,
+    );
+    tokio::time::sleep(period).await;
+    let (calls_1, inline_1) = (
+        calls.load(Ordering::Relaxed),
+        inline_calls(node, module).await,
+    );
+    (calls_1 - calls_0, inline_1 - inline_0)
+}
+
+/// Start two keys of `module` (the `spin` guest: two, enough to keep both
+/// workers busy, and no more CPU taken from the tests beside), each called with `burn`
+/// in a loop by a task of its own (counting into `burns`, until `stop`),
+/// and measure them alone for 0.3 s: the tasks, the calls and the inline
+/// calls.
+async fn burn_alone(
+    node: &Arc<Instance>,
+    module: &'static str,
+    burn: &'static [u8],
+    stop: &Arc<AtomicBool>,
+    burns: &Arc<AtomicU64>,
+) -> (Vec<tokio::task::JoinHandle<()>>, u64, u64) {
+    let burners = names("burner", 2);
+    for key in &burners {
+        node.call(module, key, b"ping".to_vec())
+            .await
+            .expect("a burner starts");
+    }
+    let tasks = burners
+        .iter()
+        .map(|key| keep_calling(node, (module, key, burn), None, stop, burns))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (alone, alone_inline) =
+        calls_and_inline_over(node, module, burns, Duration::from_millis(300)).await;
+    (tasks, alone, alone_inline)
+}
+
 /// Call `message` to `key` of `module` until `stop`, every `pause`,
 /// counting the calls answered in `calls`.
 fn keep_calling(
@@ -552,37 +599,15 @@ async fn a_tenant_over_its_share_of_the_callers_workers_is_served_on_the_guest_t
         )
         .await,
     );
-    // Two: enough to keep both workers busy, and no more CPU taken from
-    // the tests running beside this one.
-    let burners = names("burner", 2);
-    for key in &burners {
-        node.call(BURNER, key, b"ping".to_vec())
-            .await
-            .expect("a burner starts");
-    }
     let stop = Arc::new(AtomicBool::new(false));
     let (burns, victim_calls) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    // What `calls` and the module's inline counter moved in `period`.
     let measure = async |module: &str, calls: &AtomicU64, period: Duration| {
-        let (calls_0, inline_0) = (
-            calls.load(Ordering::Relaxed),
-            inline_calls(&node, module).await,
-        );
-        tokio::time::sleep(period).await;
-        let (calls_1, inline_1) = (
-            calls.load(Ordering::Relaxed),
-            inline_calls(&node, module).await,
-        );
-        (calls_1 - calls_0, inline_1 - inline_0)
+        calls_and_inline_over(&node, module, calls, period).await
     };
 
     // Alone: inline.
-    let mut tasks: Vec<_> = burners
-        .iter()
-        .map(|key| keep_calling(&node, (BURNER, key, b"burn 200000"), None, &stop, &burns))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (alone, alone_inline) = measure(BURNER, &burns, Duration::from_millis(300)).await;
+    let (mut tasks, alone, alone_inline) =
+        burn_alone(&node, BURNER, b"burn 200000", &stop, &burns).await;
 
     // Beside a victim of another tenant.
     call_text(&node, "counter", "victim", "incr").await;
@@ -635,6 +660,76 @@ async fn a_tenant_over_its_share_of_the_callers_workers_is_served_on_the_guest_t
         fresh_inline * 2 <= fresh,
         "beside another tenant, mallory's new keys still started on their callers' tasks \
          {fresh_inline} times of {fresh}"
+    );
+    assert!(
+        victim_inline * 10 >= victim * 9,
+        "the victim's calls ran inline only {victim_inline} times of {victim}"
+    );
+}
+
+/// Issue 17, the memory bombs: a tenant whose inline calls are demoted
+/// (each held its caller's worker until its first epoch tick before moving
+/// to the guest threads) is served on the guest threads while another
+/// tenant is active, however idle the workers are otherwise. Two tasks of
+/// tenant `mallory` loop over calls that each burn about 3 ms (three ticks
+/// of the default 1 ms). Alone, every one of them starts inline. Beside a
+/// victim calling every millisecond, they go through the keys' mailboxes,
+/// and the victim's calls still run inline (a short call straddling a tick
+/// is demoted too, after microseconds: counted by time held, it marks no
+/// one). Without the rule every one of `mallory`'s calls still started
+/// inline (the workers, busy up to a tick per call, stay under the three
+/// quarters that mark a tenant by load). Counted, not timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_whose_inline_calls_keep_being_demoted_is_served_on_the_guest_threads() {
+    let _alone = one_cpu_test_at_a_time().await;
+    const BURNER: &str = "mallory/spin";
+    let node = Arc::new(
+        node_with_options(
+            test_config(),
+            &[
+                (BURNER, guests::SPIN, ModuleOptions::default()),
+                ("counter", guests::COUNTER, ModuleOptions::default()),
+            ],
+        )
+        .await,
+    );
+    let (stop, burns) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let victim_calls = Arc::new(AtomicU64::new(0));
+
+    // Alone: every call starts inline.
+    let (mut tasks, alone, alone_inline) =
+        burn_alone(&node, BURNER, b"burn 3000000", &stop, &burns).await;
+
+    // Beside a victim of another tenant.
+    call_text(&node, "counter", "victim", "incr").await;
+    let victim = ("counter", "victim", &b"incr"[..]);
+    let pause = Some(Duration::from_millis(1));
+    tasks.push(keep_calling(&node, victim, pause, &stop, &victim_calls));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ((shared, shared_inline), (victim, victim_inline)) = tokio::join!(
+        calls_and_inline_over(&node, BURNER, &burns, Duration::from_millis(600)),
+        calls_and_inline_over(&node, "counter", &victim_calls, Duration::from_millis(600)),
+    );
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("a caller");
+    }
+    eprintln!(
+        "alone: {alone_inline} of {alone} mallory calls inline; beside the victim: \
+         {shared_inline} of {shared}, and {victim_inline} of {victim} victim calls"
+    );
+    assert!(alone > 0 && shared > 0 && victim > 0);
+    assert!(
+        alone_inline * 10 >= alone * 9,
+        "alone, mallory's calls started inline only {alone_inline} times of {alone}"
+    );
+    assert!(
+        shared_inline * 2 <= shared,
+        "beside another tenant, mallory's calls still started inline {shared_inline} times \
+         of {shared}"
     );
     assert!(
         victim_inline * 10 >= victim * 9,

@@ -118,7 +118,9 @@ impl Future for InlineCall {
                 return Poll::Pending;
             }
             // The epoch callback yielded at the first tick: let the key's
-            // task finish the call, and wait for its reply.
+            // task finish the call, and wait for its reply. What it held
+            // this worker counts against its tenant's share of them.
+            self.cpu.tenant().inline_share().note_demoted(self.spent);
             let call = self.future.take().expect("checked above");
             let (reply, demoted) = oneshot::channel();
             self.control.adopt(Orphan {
