@@ -90,6 +90,7 @@ const TABLE: &[(&str, Row)] = &[
     ("guest_log", Row::Ledgers),
     ("cpu_budget", Row::Ledgers),
     ("scheduler", Row::Ledgers),
+    ("guest_priority", Row::Ledgers),
     ("inline_share", Row::Ledgers),
     ("host_bytes", Row::Ledgers),
     ("handoff", Row::Ledgers),

@@ -36,6 +36,7 @@ mod connections_api;
 #[doc(hidden)]
 pub mod fuzz;
 mod guest_log;
+mod guest_priority;
 mod handoff;
 mod heap_trim;
 mod host_api;

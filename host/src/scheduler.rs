@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+use crate::config::GuestThreadPolicy;
 use crate::error::{Error, Result};
 use crate::sync::lock;
 
@@ -53,15 +54,16 @@ pub(crate) struct GuestPool {
 }
 
 impl GuestPool {
-    /// Start `threads` guest threads named `fief-guest`, each at niceness
-    /// `nice` above the process's (Linux applies it to the one thread), so
-    /// that the node's other threads go first when the cores are contended.
-    /// A niceness the OS refuses is logged and the thread runs as it is.
+    /// Start `threads` guest threads named `fief-guest`, each lowered at the
+    /// OS under `policy` (at niceness `nice` above the process's, or
+    /// `SCHED_IDLE`; see `crate::guest_priority`), so that the node's other
+    /// threads go first when the cores are contended. What the OS refuses
+    /// is logged and the thread runs as it is.
     ///
     /// # Errors
     ///
     /// [`Error::Internal`] if the OS refuses the threads.
-    pub(crate) fn start(threads: usize, nice: u8) -> Result<GuestPool> {
+    pub(crate) fn start(threads: usize, nice: u8, policy: GuestThreadPolicy) -> Result<GuestPool> {
         // Guest threads log where the thread that started the node logs (an
         // embedding program's subscriber, a test's).
         let dispatch = tracing::dispatcher::get_default(|d| d.clone());
@@ -72,7 +74,7 @@ impl GuestPool {
                 // The guard would restore the previous default on drop; the
                 // thread keeps this one for its whole life.
                 std::mem::forget(tracing::dispatcher::set_default(&dispatch));
-                lower_this_threads_priority(nice);
+                crate::guest_priority::lower_this_thread(policy, nice);
             })
             .enable_all()
             .build()
@@ -95,21 +97,6 @@ impl Drop for GuestPool {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
-    }
-}
-
-/// Raise the calling thread's niceness by `nice` (on Linux a thread's
-/// priority is its own: `setpriority(PRIO_PROCESS, tid)`).
-fn lower_this_threads_priority(nice: u8) {
-    if nice == 0 {
-        return;
-    }
-    let tid = rustix::thread::gettid();
-    let result = rustix::process::getpriority_process(Some(tid)).and_then(|now| {
-        rustix::process::setpriority_process(Some(tid), (now + i32::from(nice)).min(19))
-    });
-    if let Err(e) = result {
-        tracing::warn!(nice, error = %e, "cannot lower a guest thread's priority; it runs at the process's");
     }
 }
 
@@ -451,27 +438,5 @@ mod tests {
         }
         assert_eq!(scheduler.out(), 2);
         assert_eq!(poll_all(), 4);
-    }
-
-    #[test]
-    fn guest_threads_run_at_the_niceness_asked_above_the_process() {
-        let own = rustix::process::getpriority_process(None).expect("getpriority");
-        let pool = GuestPool::start(1, 3).expect("a guest thread");
-        let (tx, rx) = std::sync::mpsc::channel();
-        pool.handle().spawn(async move {
-            let _ = tx.send(rustix::process::getpriority_process(Some(
-                rustix::thread::gettid(),
-            )));
-        });
-        let theirs = rx
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("the task ran")
-            .expect("getpriority on the guest thread");
-        assert_eq!(theirs, (own + 3).min(19), "the process runs at {own}");
-        assert_eq!(
-            rustix::process::getpriority_process(None).expect("getpriority"),
-            own,
-            "the calling thread's niceness changed"
-        );
     }
 }

@@ -2,7 +2,8 @@
 //! `cpu_budget`, a share of one core) and [`CpuCores`] (a tenant's
 //! `cpu_budget_per_tenant`, a number of cores), each in thousandths of a
 //! core, read from `250m`, `0.25`, `25%` or `1` and refused outside its
-//! range with the value named.
+//! range with the value named; and [`GuestThreadPolicy`], how the guest
+//! threads yield the cores to the node's other threads.
 //!
 //! Plain values: what a budget does with them (the token buckets, the
 //! meter, throttling) is `crate::cpu_budget`'s, which imports them. This
@@ -148,6 +149,53 @@ macro_rules! millicore_text {
 millicore_text!(CpuShare);
 millicore_text!(CpuCores);
 
+/// How the guest threads give way to the node's other threads (the API, the
+/// peer links, the lease renewals) when the cores are contended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestThreadPolicy {
+    /// At `guest_thread_nice` above the process's niceness, each asking
+    /// the OS for a short time slice (0.3 ms at niceness 10, Linux 6.12 and later),
+    /// so that a thread of the node woken on a core a guest thread holds
+    /// runs within that slice. Guest code keeps a share of a contended
+    /// core by its weight (about a tenth at niceness 10).
+    #[default]
+    Nice,
+    /// Linux's `SCHED_IDLE`: guest threads run only on cores nothing else
+    /// wants, and the kernel treats a core running only them as idle when
+    /// it places a woken thread. The node's threads never wait behind guest
+    /// code, but guest code beyond an inline call's first slice (demoted
+    /// callbacks, timers, mailboxes) nearly stops while anything else on
+    /// the machine keeps the cores busy: for nodes that have the machine
+    /// to themselves. An unprivileged process cannot leave it again.
+    Idle,
+}
+
+impl std::str::FromStr for GuestThreadPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<GuestThreadPolicy, String> {
+        match text.trim() {
+            "nice" => Ok(GuestThreadPolicy::Nice),
+            "idle" => Ok(GuestThreadPolicy::Idle),
+            other => Err(format!(
+                "{other:?} is not a guest thread policy: write nice (the default: guest \
+                 threads at guest_thread_nice) or idle (SCHED_IDLE, for a node alone on its \
+                 machine)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for GuestThreadPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GuestThreadPolicy::Nice => "nice",
+            GuestThreadPolicy::Idle => "idle",
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +210,20 @@ mod tests {
             let why = text.parse::<CpuShare>().expect_err(text);
             assert!(why.contains("CPU share"), "{text}: {why}");
         }
+    }
+
+    #[test]
+    fn guest_thread_policies_are_read_by_name_and_others_refused() {
+        for policy in [GuestThreadPolicy::Nice, GuestThreadPolicy::Idle] {
+            assert_eq!(policy.to_string().parse::<GuestThreadPolicy>(), Ok(policy));
+        }
+        let why = "realtime"
+            .parse::<GuestThreadPolicy>()
+            .expect_err("no such policy");
+        assert!(
+            why.contains("\"realtime\"") && why.contains("idle"),
+            "{why}"
+        );
     }
 
     #[test]

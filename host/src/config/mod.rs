@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 pub use bytesize::ByteSize;
 
 use crate::error::{Error, Result};
-pub use cpu::{CpuCores, CpuShare};
+pub use cpu::{CpuCores, CpuShare, GuestThreadPolicy};
 pub use dir::DirGrant;
 pub use etcd_url::EtcdUrl;
 pub use module::{ModuleCeilings, ModuleOptions};
@@ -212,6 +212,11 @@ pub struct NodeConfig {
     /// renews. 0 runs guest code at the process's priority. Raising it needs
     /// no privilege; a thread cannot lower it again.
     pub guest_thread_nice: u8,
+    /// How the guest threads give way to the node's other threads: `nice`
+    /// (the default: at `guest_thread_nice`, with a short OS time
+    /// slice) or `idle` (Linux `SCHED_IDLE`: only on cores nothing else
+    /// wants; for a node alone on its machine). See [`GuestThreadPolicy`].
+    pub guest_thread_policy: GuestThreadPolicy,
     /// Cores one tenant's keys (the modules `tenant/…`; modules of no tenant
     /// count as one) may use together on this node over
     /// `cpu_budget_per_tenant_window` (`1500m`, `1.5`); past it they are
@@ -297,6 +302,7 @@ impl Default for NodeConfig {
             http_max_connections: None,
             guest_threads: 0,
             guest_thread_nice: 10,
+            guest_thread_policy: GuestThreadPolicy::Nice,
             cpu_budget_per_tenant: None,
             cpu_budget_per_tenant_window: Duration::from_secs(1),
             tenant_cpu_weights: std::collections::BTreeMap::new(),
@@ -538,6 +544,19 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         NodeConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn a_config_file_names_the_guest_thread_policy() {
+        let config: NodeConfig =
+            toml::from_str("guest_thread_policy = \"idle\"").expect("the policy is read");
+        assert_eq!(config.guest_thread_policy, GuestThreadPolicy::Idle);
+        let default: NodeConfig = toml::from_str("").expect("an empty file");
+        assert_eq!(default.guest_thread_policy, GuestThreadPolicy::Nice);
+        let why = toml::from_str::<NodeConfig>("guest_thread_policy = \"realtime\"")
+            .expect_err("no such policy")
+            .to_string();
+        assert!(why.contains("realtime") && why.contains("idle"), "{why}");
     }
 
     #[test]

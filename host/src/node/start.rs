@@ -210,6 +210,7 @@ impl InstanceBuilder {
         let guest_pool = GuestPool::start(
             crate::scheduler::guest_threads(config.guest_threads),
             config.guest_thread_nice,
+            config.guest_thread_policy,
         )?;
         let limbo = Limbo::start(runtime.engine.clone());
         let cache_max_bytes =

@@ -133,6 +133,12 @@ pub(crate) struct NodeArgs {
     /// links and lease renewals go ahead of guest code under contention.
     #[arg(long, env = "FIEF_GUEST_THREAD_NICE")]
     pub(crate) guest_thread_nice: Option<u8>,
+    /// How the guest threads give way to the node's other threads: `nice`
+    /// (default: at the niceness above, with a short OS time slice)
+    /// or `idle` (Linux SCHED_IDLE: only on cores nothing else wants; for a
+    /// node alone on its machine).
+    #[arg(long, env = "FIEF_GUEST_THREAD_POLICY")]
+    pub(crate) guest_thread_policy: Option<fief::config::GuestThreadPolicy>,
     /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
     /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
     /// asking for more is refused. Every ceiling and its default is listed
@@ -239,6 +245,7 @@ pub(crate) fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         cpu_budget_per_tenant_window,
         guest_threads,
         guest_thread_nice,
+        guest_thread_policy,
         http_header_read_timeout,
         http_idle_timeout,
         http_body_read_timeout,
