@@ -21,7 +21,7 @@
 //! Then the HTTP form (issue 17): the victim's `incr` over the node's HTTP
 //! API on a real loopback socket, from a client on a thread and runtime of
 //! its own (as an external load generator would be), one call at a time;
-//! printed as p50 / p99 over `HTTP_CALLS` calls, quiet and under each
+//! printed as p50 / p99 over 2 000 calls, quiet and under each
 //! attack, with the load average; twice: with the attackers as in-process
 //! tasks on the node's runtime (an embedding program's own), and with the
 //! attackers as external HTTP clients too, each on a connection of its own.
@@ -29,8 +29,10 @@
 //!
 //! Run with `cargo bench -p fief-benches --bench hostile` (add `-- --quick`
 //! for a smoke run; `FIEF_HOSTILE_BOMB_MIB` sets the attackers' memory
-//! limit, default 16, and `FIEF_HOSTILE_EPOCH_TICK_US` the node's epoch
-//! tick); the figures are in `docs/benchmarks.md`, "Hostile
+//! limit, default 16, `FIEF_HOSTILE_EPOCH_TICK_US` the node's epoch
+//! tick, `FIEF_HOSTILE_GUEST_POLICY` the guest threads' policy (`nice` or
+//! `idle`), `FIEF_HOSTILE_HTTP_CALLS` the victim's calls per HTTP figure and
+//! `FIEF_HOSTILE_HTTP_ATTACKS` which attacks the HTTP form runs); the figures are in `docs/benchmarks.md`, "Hostile
 //! guests".
 
 mod common;
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use common::{COUNTER_WASM, HttpConn, embedded_node, guest, serve_fief_http_with};
 use criterion::Criterion;
-use fief::config::ByteSize;
+use fief::config::{ByteSize, GuestThreadPolicy};
 use fief::{Instance, ModuleOptions, NodeConfig};
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
@@ -83,6 +85,18 @@ fn epoch_tick() -> Duration {
         .map_or(NodeConfig::default().epoch_tick, Duration::from_micros)
 }
 
+/// The guest threads' policy: `FIEF_HOSTILE_GUEST_POLICY` (`nice` or
+/// `idle`), default the node's.
+fn guest_thread_policy() -> GuestThreadPolicy {
+    std::env::var("FIEF_HOSTILE_GUEST_POLICY").map_or_else(
+        |_| NodeConfig::default().guest_thread_policy,
+        |text| {
+            text.parse()
+                .unwrap_or_else(|why| panic!("FIEF_HOSTILE_GUEST_POLICY: {why}"))
+        },
+    )
+}
+
 /// The node: `counter` with default options, `mallory/hostile` with a 100 ms CPU
 /// limit and a 16 MiB memory limit (see [`bomb_mib`]), `mallory/budgeted` (the
 /// same guest) with a `cpu_budget` of 100m as well.
@@ -91,6 +105,7 @@ async fn node() -> Arc<Instance> {
         max_live_keys: 64,
         max_memory_per_key: ByteSize::mib(64),
         epoch_tick: epoch_tick(),
+        guest_thread_policy: guest_thread_policy(),
         ..NodeConfig::default()
     };
     let hostile = ModuleOptions {
@@ -197,8 +212,29 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-/// Victim calls per HTTP figure.
-const HTTP_CALLS: usize = 2000;
+/// Victim calls per HTTP figure: `FIEF_HOSTILE_HTTP_CALLS`, default 2000
+/// (about 0.15 s of calls: a longer phase steadies the p99).
+fn http_calls() -> usize {
+    env_number("FIEF_HOSTILE_HTTP_CALLS").map_or(2000, |n| n.max(1) as usize)
+}
+
+/// Whether the HTTP form measures `attack`: `FIEF_HOSTILE_HTTP_ATTACKS`, a
+/// comma-separated list of attack names, default all (the baseline,
+/// `quiet`, always runs; to trace one attack alone). A name that is no
+/// attack stops the bench with the list of names.
+fn http_attack_wanted(attack: &str) -> bool {
+    let Ok(list) = std::env::var("FIEF_HOSTILE_HTTP_ATTACKS") else {
+        return true;
+    };
+    let names: Vec<&str> = ATTACKS.iter().map(|(name, _)| *name).collect();
+    for wanted in list.split(',').map(str::trim) {
+        assert!(
+            names.contains(&wanted),
+            "FIEF_HOSTILE_HTTP_ATTACKS: {wanted:?} is no attack; expected some of {names:?}"
+        );
+    }
+    attack == "quiet" || list.split(',').any(|wanted| wanted.trim() == attack)
+}
 
 /// The victim's call latencies over HTTP, from a client on its own thread.
 fn http_latencies(addr: std::net::SocketAddr, calls: usize) -> Vec<Duration> {
@@ -308,7 +344,12 @@ fn bench_http(quick: bool, attackers: Attackers) {
         .expect("tokio runtime");
     let node = rt.block_on(node());
     let addr = rt.block_on(serve_fief_http_with(node.clone(), api_options()));
-    let calls = if quick { HTTP_CALLS / 10 } else { HTTP_CALLS };
+    let calls = if quick {
+        http_calls() / 10
+    } else {
+        http_calls()
+    }
+    .max(1);
     let from = match attackers {
         Attackers::InProcess => "attackers in-process",
         Attackers::OverHttp => "attackers over HTTP",
@@ -319,6 +360,9 @@ fn bench_http(quick: bool, attackers: Attackers) {
         "attack", "p50", "p99"
     );
     for (name, attack) in ATTACKS {
+        if !http_attack_wanted(name) {
+            continue;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let (tasks, threads) = match (attack, attackers) {
             (None, _) => (Vec::new(), Vec::new()),
