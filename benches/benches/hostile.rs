@@ -21,7 +21,7 @@
 //! Then the HTTP form (issue 17): the victim's `incr` over the node's HTTP
 //! API on a real loopback socket, from a client on a thread and runtime of
 //! its own (as an external load generator would be), one call at a time;
-//! printed as p50 / p99 over 2 000 calls, quiet and under each
+//! printed as p50 / p99 over 2 000 calls (`FIEF_HOSTILE_HTTP_CALLS`), quiet and under each
 //! attack, with the load average; twice: with the attackers as in-process
 //! tasks on the node's runtime (an embedding program's own), and with the
 //! attackers as external HTTP clients too, each on a connection of its own.
@@ -32,8 +32,8 @@
 //! limit, default 16, `FIEF_HOSTILE_EPOCH_TICK_US` the node's epoch
 //! tick, `FIEF_HOSTILE_GUEST_POLICY` the guest threads' policy (`nice` or
 //! `idle`), `FIEF_HOSTILE_HTTP_CALLS` the victim's calls per HTTP figure and
-//! `FIEF_HOSTILE_HTTP_ATTACKS` which attacks the HTTP form runs); the figures are in `docs/benchmarks.md`, "Hostile
-//! guests".
+//! `FIEF_HOSTILE_HTTP_ATTACKS` which attacks the HTTP form runs); the
+//! figures are in `docs/benchmarks.md`, "Hostile guests".
 
 mod common;
 

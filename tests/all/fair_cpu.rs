@@ -763,3 +763,26 @@ async fn a_tenant_cpu_weight_past_its_bounds_stops_the_node_at_start() {
         assert!(stderr.contains(says), "{flag}: {stderr}");
     }
 }
+
+/// `fief node --guest-thread-policy`: a policy that is not `nice` or `idle`
+/// stops the node at start with a message naming both.
+#[tokio::test]
+async fn a_guest_thread_policy_that_is_not_one_stops_the_node_at_start() {
+    let out = tokio::task::spawn_blocking(|| {
+        fief_tests::fief_cli(&[
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--guest-thread-policy",
+            "realtime",
+        ])
+    })
+    .await
+    .expect("the CLI ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the node started");
+    assert!(
+        stderr.contains("\"realtime\" is not a guest thread policy") && stderr.contains("idle"),
+        "{stderr}"
+    );
+}
