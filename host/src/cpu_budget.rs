@@ -52,7 +52,8 @@ use serde::Serialize;
 
 use crate::config::{CpuCores, CpuShare};
 use crate::inline_share::TenantShare;
-use crate::metrics::SecondsCounter;
+use crate::metrics::{SecondsCounter, TenantCounters};
+use crate::request_turns::{HasRequests, TenantRequests};
 use crate::sync::lock;
 
 /// What a key's guest code has used, moved by [`metered`] while the store
@@ -142,6 +143,9 @@ pub(crate) struct TenantCpu {
     /// Whether its routed calls may run on their callers' workers
     /// ([`crate::inline_share`]).
     inline: TenantShare,
+    /// Its key requests over the API, and their turns
+    /// ([`crate::request_turns`]).
+    requests: TenantRequests,
 }
 
 impl TenantCpu {
@@ -165,6 +169,12 @@ impl TenantCpu {
     /// Its share of the callers' workers ([`crate::inline_share`]).
     pub(crate) fn inline_share(&self) -> &TenantShare {
         &self.inline
+    }
+}
+
+impl HasRequests for TenantCpu {
+    fn requests(&self) -> &TenantRequests {
+        &self.requests
     }
 }
 
@@ -203,13 +213,17 @@ impl TenantCpuMeters {
     pub(crate) fn of(
         &self,
         tenant: &str,
-        counters: impl FnOnce() -> (SecondsCounter, SecondsCounter),
+        counters: impl FnOnce() -> TenantCounters,
     ) -> Arc<TenantCpu> {
         let mut meters = lock(&self.meters);
         if let Some(meter) = meters.get(tenant) {
             return meter.clone();
         }
-        let (used, throttled) = counters();
+        let TenantCounters {
+            cpu: used,
+            throttled,
+            requests_waited,
+        } = counters();
         // The budget is charged what the counter moves from now on (a
         // series the registry already had may not start at zero).
         let already = used.nanos();
@@ -224,6 +238,7 @@ impl TenantCpuMeters {
             }),
             limit: self.budget.map(|(cores, _)| cores),
             inline: TenantShare::new(already),
+            requests: TenantRequests::new(requests_waited),
         });
         meters.insert(tenant.to_owned(), meter.clone());
         meter
@@ -389,7 +404,7 @@ mod tests {
     fn every_key_of_a_tenant_drains_one_tenant_budget() {
         let cores = CpuCores::from_millicores(100).unwrap();
         let meters = TenantCpuMeters::new(Some((cores, Duration::from_secs(1))));
-        let counters = || (SecondsCounter::default(), SecondsCounter::default());
+        let counters = TenantCounters::default;
         let acme = meters.of("acme", counters);
         let module = || (SecondsCounter::default(), SecondsCounter::default());
         let (a, b) = (
@@ -417,9 +432,7 @@ mod tests {
     #[test]
     fn without_a_node_budget_tenants_are_metered_but_never_throttled() {
         let meters = TenantCpuMeters::new(None);
-        let tenant = meters.of("acme", || {
-            (SecondsCounter::default(), SecondsCounter::default())
-        });
+        let tenant = meters.of("acme", TenantCounters::default);
         let key = CpuMeter::new(
             (SecondsCounter::default(), SecondsCounter::default()),
             tenant.clone(),
@@ -445,11 +458,15 @@ mod tests {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             poll_timed(meter, work.as_mut(), &mut cx).1
         };
-        let budgeted = CpuMeter::new(counters(), meters.of("acme", counters), true);
+        let budgeted = CpuMeter::new(counters(), meters.of("acme", TenantCounters::default), true);
         let spent = off_cpu(&budgeted);
         assert!(spent < Duration::from_millis(10), "charged {spent:?}");
         assert_eq!(budgeted.used_nanos(), spent.as_nanos() as u64);
-        let unbudgeted = CpuMeter::new(counters(), meters.of("acme", counters), false);
+        let unbudgeted = CpuMeter::new(
+            counters(),
+            meters.of("acme", TenantCounters::default),
+            false,
+        );
         assert!(off_cpu(&unbudgeted) >= Duration::from_millis(50));
     }
 }

@@ -281,10 +281,16 @@ async fn call(
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
     let (module, key) = key_path(&who, path)?;
-    let limit = instance.config().max_message_size.as_u64() as usize;
-    let message = read_body(body, limit).await?;
-    let reply = instance.call(&module, &key, message.to_vec()).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], reply))
+    // The tenant's turn (`crate::request_turns`): the API's workers shared
+    // fairly between tenants' requests.
+    let turn = instance.request_turn(&module).await;
+    turn.serve(async {
+        let limit = instance.config().max_message_size.as_u64() as usize;
+        let message = read_body(body, limit).await?;
+        let reply = instance.call(&module, &key, message.to_vec()).await?;
+        Ok(([(header::CONTENT_TYPE, "application/octet-stream")], reply))
+    })
+    .await
 }
 
 async fn cast(
@@ -294,10 +300,14 @@ async fn cast(
     body: Body,
 ) -> Result<impl IntoResponse, Error> {
     let (module, key) = key_path(&who, path)?;
-    let limit = instance.config().max_message_size.as_u64() as usize;
-    let message = read_body(body, limit).await?;
-    instance.cast(&module, &key, message.to_vec())?;
-    Ok((StatusCode::ACCEPTED, axum::Json(Queued { queued: true })))
+    let turn = instance.request_turn(&module).await;
+    turn.serve(async {
+        let limit = instance.config().max_message_size.as_u64() as usize;
+        let message = read_body(body, limit).await?;
+        instance.cast(&module, &key, message.to_vec())?;
+        Ok((StatusCode::ACCEPTED, axum::Json(Queued { queued: true })))
+    })
+    .await
 }
 
 /// `GET /v1/keys/{module}/{key}/connect`: a WebSocket connection to the

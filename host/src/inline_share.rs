@@ -38,7 +38,9 @@
 //! alone on the node is never marked: one tenant cannot starve itself. A call
 //! is still served either way; only where it runs changes. What a tenant's
 //! clients cost the workers outside its keys' calls (an HTTP request's
-//! parsing, routing) is not moved: the guest threads cannot take it.
+//! parsing, routing) is not moved: the guest threads cannot take it; the same
+//! decision, once a window, sets how many of each tenant's API requests are
+//! served at once ([`crate::request_turns`]).
 //!
 //! The hot path reads three atomics (the module's tenant, found once, the
 //! window decided and the tenant's mark);
@@ -55,6 +57,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::RuntimeMetrics;
 
 use crate::cpu_budget::TenantCpuMeters;
+use crate::request_turns::{self, HasRequests, RequestLoad};
 
 /// The length of a window: 10 ms, or one epoch tick if that is longer.
 pub(crate) const WINDOW: Duration = Duration::from_millis(10);
@@ -145,11 +148,17 @@ impl InlineShares {
         ticks: u64,
         meters: &TenantCpuMeters,
     ) -> bool {
+        self.decide_if_due(ticks, meters);
+        !tenant.is_over()
+    }
+
+    /// Decide the window of `ticks` if no one has yet (an API request
+    /// about to take its turn asks too: [`crate::request_turns`]).
+    pub(crate) fn decide_if_due(&self, ticks: u64, meters: &TenantCpuMeters) {
         let window = ticks / self.window_ticks;
         if self.decided.load(Ordering::Relaxed) != window {
             self.decide(window, meters);
         }
-        !tenant.is_over()
     }
 
     /// Mark the tenants over their share for `window`, from what each used
@@ -187,10 +196,14 @@ impl InlineShares {
             })
             .collect();
         mark(capacity, last.busy, &mut loads);
-        for (tenant, load) in tenants.iter().zip(loads) {
+        let mut requests: Vec<RequestLoad> =
+            tenants.iter().map(|t| t.requests().take_load()).collect();
+        request_turns::mark(last.busy, workers, capacity, &mut requests);
+        for ((tenant, load), requests) in tenants.iter().zip(loads).zip(requests) {
             let share = tenant.inline_share();
             share.load.store(load.smoothed, Ordering::Relaxed);
             share.over.store(load.over, Ordering::Relaxed);
+            tenant.requests().apply(requests);
         }
     }
 }
@@ -203,7 +216,7 @@ fn busy_nanos(workers: &RuntimeMetrics) -> u64 {
 }
 
 /// `part` of `whole`, in millionths (at most four wholes).
-fn millionths(part: u64, whole: u64) -> u64 {
+pub(crate) fn millionths(part: u64, whole: u64) -> u64 {
     u64::try_from(u128::from(part) * u128::from(WHOLE) / u128::from(whole.max(1)))
         .unwrap_or(u64::MAX)
         .min(4 * WHOLE)
@@ -211,7 +224,7 @@ fn millionths(part: u64, whole: u64) -> u64 {
 
 /// `before` moved a quarter of the way to `now`: one window's figure swings
 /// with whatever the OS ran in it, on a loaded machine most of all.
-fn smooth(before: u64, now: u64) -> u64 {
+pub(crate) fn smooth(before: u64, now: u64) -> u64 {
     (3 * before + now) / 4
 }
 
@@ -231,7 +244,7 @@ struct Load {
 }
 
 /// Millionths: all the workers' time over the window.
-const WHOLE: u64 = 1_000_000;
+pub(crate) const WHOLE: u64 = 1_000_000;
 
 /// The share of the workers' time (millionths) a tenant's demoted inline
 /// calls may hold in a window before it is over, busy workers or not: a

@@ -92,6 +92,7 @@ const TABLE: &[(&str, Row)] = &[
     ("scheduler", Row::Ledgers),
     ("guest_priority", Row::Ledgers),
     ("inline_share", Row::Ledgers),
+    ("request_turns", Row::Ledgers),
     ("host_bytes", Row::Ledgers),
     ("handoff", Row::Ledgers),
     ("peer_auth", Row::Ledgers),

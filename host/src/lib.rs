@@ -59,6 +59,7 @@ pub mod openapi;
 mod peer_auth;
 mod probes;
 mod pubsub;
+mod request_turns;
 mod runtime;
 mod sandbox;
 mod scheduler;

@@ -37,7 +37,7 @@ const VICTIM_BOUND: Duration = Duration::from_secs(1);
 static CPU_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Wait for the other CPU tests of this file to finish (see [`CPU_TESTS`]).
-async fn one_cpu_test_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+pub(crate) async fn one_cpu_test_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     CPU_TESTS.lock().await
 }
 

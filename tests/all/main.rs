@@ -26,6 +26,7 @@ mod etcd_cluster;
 mod etcd_faults;
 mod eviction;
 mod fair_cpu;
+mod fair_requests;
 mod fence_modes;
 mod handoff;
 mod host_imports;

@@ -140,13 +140,18 @@ impl ModuleSlot {
     /// caller's task, as far as its tenant's share of the callers' workers
     /// goes ([`crate::inline_share`]).
     fn tenant_may_run_inline(&self, services: &KeyServices, ticks: u64) -> bool {
-        let tenant = self.tenant_cpu.get_or_init(|| {
+        services.may_run_inline(self.tenant(services), ticks)
+    }
+
+    /// The module's tenant's CPU meter (its shares and request turns),
+    /// found once.
+    pub(crate) fn tenant(&self, services: &KeyServices) -> &Arc<TenantCpu> {
+        self.tenant_cpu.get_or_init(|| {
             let tenant = crate::auth::tenant_of(&self.name).unwrap_or("");
             services
                 .tenant_cpu
-                .of(tenant, || services.metrics.tenant_cpu_counters(tenant))
-        });
-        services.may_run_inline(tenant, ticks)
+                .of(tenant, || services.metrics.tenant_counters(tenant))
+        })
     }
 
     /// The version new activations use.

@@ -78,7 +78,7 @@ pub(super) fn key_meter(services: &KeyServices, module: &CompiledModule, name: &
         services.metrics.key_cpu_counters(name),
         services
             .tenant_cpu
-            .of(tenant, || services.metrics.tenant_cpu_counters(tenant)),
+            .of(tenant, || services.metrics.tenant_counters(tenant)),
         module.options.cpu_budget < crate::config::CpuShare::WHOLE_CORE,
     ));
     (cpu, Arc::new(Seat::default()))

@@ -114,6 +114,7 @@ pub(crate) struct Metrics {
     key_throttled_seconds: Family<Labels1, SecondsCounter>,
     tenant_cpu_seconds: Family<Labels1, SecondsCounter>,
     tenant_throttled_seconds: Family<Labels1, SecondsCounter>,
+    tenant_requests_waited: Family<Labels1, Counter>,
     /// API connections open now (kept by the connection loop, not read at
     /// scrape time: it is the loop's own figure).
     api_connections: Gauge,
@@ -154,6 +155,17 @@ struct Gauges {
 fn compile_histogram() -> Histogram {
     // 1 ms .. ~131 s (a Python component takes seconds to compile).
     Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+/// One tenant's counters ([`Metrics::tenant_counters`]).
+#[derive(Default)]
+pub(crate) struct TenantCounters {
+    /// `fief_tenant_cpu_seconds_total{tenant}`.
+    pub(crate) cpu: SecondsCounter,
+    /// `fief_tenant_throttled_seconds_total{tenant}`.
+    pub(crate) throttled: SecondsCounter,
+    /// `fief_tenant_requests_waited_total{tenant}`.
+    pub(crate) requests_waited: Counter,
 }
 
 impl Metrics {
@@ -197,6 +209,7 @@ impl Metrics {
         let key_throttled_seconds = Family::<Labels1, SecondsCounter>::default();
         let tenant_cpu_seconds = Family::<Labels1, SecondsCounter>::default();
         let tenant_throttled_seconds = Family::<Labels1, SecondsCounter>::default();
+        let tenant_requests_waited = Family::<Labels1, Counter>::default();
         let api_connections = Gauge::default();
         let api_connections_closed = Family::<Labels1, Counter>::default();
         let gauges = Gauges::default();
@@ -304,6 +317,11 @@ impl Metrics {
             "tenant_throttled_seconds",
             "Time a tenant's keys waited because they were over their cpu_budget or the tenant's cpu_budget_per_tenant, by tenant",
             tenant_throttled_seconds.clone(),
+        );
+        r.register(
+            "tenant_requests_waited",
+            "Key requests (call, cast) over the API that waited for a turn because their tenant was over its share of the API's workers, by tenant",
+            tenant_requests_waited.clone(),
         );
         r.register(
             "api_connections",
@@ -420,6 +438,7 @@ impl Metrics {
             key_throttled_seconds,
             tenant_cpu_seconds,
             tenant_throttled_seconds,
+            tenant_requests_waited,
             api_connections,
             api_connections_closed,
             storage,
@@ -582,13 +601,15 @@ impl Metrics {
         )
     }
 
-    /// The two CPU counters of `tenant`'s keys: used and throttled.
-    pub(crate) fn tenant_cpu_counters(&self, tenant: &str) -> (SecondsCounter, SecondsCounter) {
+    /// `tenant`'s counters: its keys' CPU used and throttled, and its
+    /// requests that waited for a turn.
+    pub(crate) fn tenant_counters(&self, tenant: &str) -> TenantCounters {
         let labels = [("tenant", tenant.to_owned())];
-        (
-            self.tenant_cpu_seconds.get_or_create(&labels).clone(),
-            self.tenant_throttled_seconds.get_or_create(&labels).clone(),
-        )
+        TenantCounters {
+            cpu: self.tenant_cpu_seconds.get_or_create(&labels).clone(),
+            throttled: self.tenant_throttled_seconds.get_or_create(&labels).clone(),
+            requests_waited: self.tenant_requests_waited.get_or_create(&labels).clone(),
+        }
     }
 
     /// Seconds `module`'s keys have run guest code and been throttled (for

@@ -315,6 +315,27 @@ impl Instance {
             .await
     }
 
+    /// A turn for an API request to `module`'s keys, taken before its body
+    /// is read: it waits while the module's tenant is over its share of the
+    /// API's workers and its turns are taken ([`crate::request_turns`]). A
+    /// module not deployed here gives no turn (the request is refused at
+    /// once after).
+    pub(crate) async fn request_turn(&self, module: &str) -> crate::request_turns::RequestTurn {
+        use crate::request_turns::{HasRequests, RequestTurn};
+        let Ok(slot) = self.shared.module(module) else {
+            return RequestTurn::none();
+        };
+        let services = &self.shared.services;
+        let decide = || {
+            services
+                .inline_shares
+                .decide_if_due(services.runtime.ticks(), &services.tenant_cpu);
+        };
+        decide();
+        let tenant: Arc<dyn HasRequests> = slot.tenant(services).clone();
+        RequestTurn::take(tenant, &decide).await
+    }
+
     /// Send `key` of `module` a one-way message. Returns once it is in the
     /// key's mailbox.
     ///
