@@ -3,7 +3,7 @@
 //!
 //! One embedded node runs `counter` (the victim: `incr` on one live key)
 //! and the `hostile` test guest (the attackers). Each benchmark measures the
-//! victim's warm call with criterion while `ATTACKERS` tokio tasks keep one
+//! victim's warm call with criterion while `FIEF_HOSTILE_ATTACKERS` (4) tokio tasks keep one
 //! attack going each, starting it again as soon as the node contains it:
 //!
 //! - `quiet`: no attack (the baseline).
@@ -22,7 +22,8 @@
 //! API on a real loopback socket, from a client on a thread and runtime of
 //! its own (as an external load generator would be), one call at a time;
 //! printed as p50 / p99 over 2 000 calls (`FIEF_HOSTILE_HTTP_CALLS`), quiet and under each
-//! attack, with the load average; twice: with the attackers as in-process
+//! attack, with how many of the attackers' requests waited for a turn
+//! (`host/src/request_turns.rs`) and the load average; twice: with the attackers as in-process
 //! tasks on the node's runtime (an embedding program's own), and with the
 //! attackers as external HTTP clients too, each on a connection of its own.
 //! The attackers' modules are of tenant `mallory`; the victim's is of none.
@@ -51,8 +52,11 @@ use tokio::task::JoinHandle;
 /// The hostile test guest, built from source by `build.rs`.
 const HOSTILE_WASM: &str = env!("FIEF_GUEST_HOSTILE");
 
-/// Attacking keys, each driven by its own task.
-const ATTACKERS: usize = 4;
+/// Attacking keys, each driven by its own task (over HTTP, its own client
+/// thread and connection): `FIEF_HOSTILE_ATTACKERS`, default 4.
+fn attackers() -> usize {
+    env_number("FIEF_HOSTILE_ATTACKERS").map_or(4, |n| n.max(1) as usize)
+}
 
 /// The attackers' modules, of another tenant than the victim's `counter`
 /// (a module of no tenant): fair turns go first between tenants.
@@ -136,19 +140,19 @@ async fn node() -> Arc<Instance> {
     Arc::new(node)
 }
 
-/// Start `ATTACKERS` tasks, each sending `attack` to its own hostile key
+/// Start [`attackers`] tasks, each sending `attack` to its own hostile key
 /// again and again (each call ends when the node contains the attack); for
 /// the timer storm, arm each attacker's timer once (it never stops).
 async fn start_attack(node: &Arc<Instance>, attack: &'static [u8]) -> Vec<JoinHandle<()>> {
     if attack == TIMER_STORM {
-        for i in 0..ATTACKERS {
+        for i in 0..attackers() {
             node.call(BUDGETED, &format!("attacker-{i}"), attack.to_vec())
                 .await
                 .expect("the timer is armed");
         }
         return Vec::new();
     }
-    (0..ATTACKERS)
+    (0..attackers())
         .map(|i| {
             let node = node.clone();
             tokio::spawn(async move {
@@ -269,7 +273,7 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
-/// Start `ATTACKERS` client threads, each sending `attack` over HTTP to its
+/// Start [`attackers`] client threads, each sending `attack` over HTTP to its
 /// own hostile key on a connection of its own, again and again, until `stop`
 /// is set; for the timer storm, arm each attacker's timer once (over HTTP).
 fn start_http_attack(
@@ -284,7 +288,7 @@ fn start_http_attack(
         HOSTILE
     }
     .trim_start_matches("mallory/");
-    let threads: Vec<_> = (0..ATTACKERS)
+    let threads: Vec<_> = (0..attackers())
         .map(|i| {
             let (stop, path) = (stop.clone(), format!("/v1/keys/{module}/attacker-{i}/call"));
             std::thread::spawn(move || {
@@ -306,6 +310,19 @@ fn start_http_attack(
         })
         .collect();
     threads
+}
+
+/// `mallory`'s key requests over the API that waited for a turn so far
+/// (`fief_tenant_requests_waited_total`): the attackers' requests held back
+/// while the victim's were served.
+async fn requests_waited(node: &Instance) -> u64 {
+    let text = node.metrics_text().await;
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix("fief_tenant_requests_waited_total{tenant=\"mallory\"} ")
+        })
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
 }
 
 /// The HTTP form's tokens: the victim calls as the admin, the attackers as
@@ -356,9 +373,10 @@ fn bench_http(quick: bool, attackers: Attackers) {
     };
     println!("hostile/victim_http ({calls} calls, one at a time, over loopback; {from})");
     println!(
-        "  {:<14} {:>10} {:>10}   load average",
-        "attack", "p50", "p99"
+        "  {:<14} {:>10} {:>10} {:>8}   load average",
+        "attack", "p50", "p99", "waited"
     );
+    let mut waited_before = 0;
     for (name, attack) in ATTACKS {
         if !http_attack_wanted(name) {
             continue;
@@ -373,12 +391,15 @@ fn bench_http(quick: bool, attackers: Attackers) {
         std::thread::sleep(Duration::from_millis(200));
         let mut latencies = http_latencies(addr, calls);
         latencies.sort();
+        let waited = rt.block_on(requests_waited(&node));
         println!(
-            "  {name:<14} {:>10.1?} {:>10.1?}   {}",
+            "  {name:<14} {:>10.1?} {:>10.1?} {:>8}   {}",
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99),
+            waited - waited_before,
             load_average()
         );
+        waited_before = waited;
         for task in tasks {
             task.abort();
         }
