@@ -534,23 +534,38 @@ impl Drop for InFlight {
 }
 
 /// A request's body, held to its connection's body deadline: set when the
-/// head is in, moved later by every byte received, cleared when the body
-/// ends or the handler drops it. The watchdog closes the connection past it.
+/// handler first reads it, moved later by every byte received, cleared when
+/// the body ends or the handler drops it. The watchdog closes the connection
+/// past it. Not set before the first read: a key request waiting for its
+/// tenant's turn (`crate::request_turns`) has not started reading, and its
+/// wait is not the client's slowness.
 struct TimedBody {
     body: Incoming,
     conn: Arc<Conn>,
+    /// The deadline not yet set: the time the client has for its body.
+    unread: Option<Duration>,
     /// Whether the deadline is still set (the body has not ended).
     timing: bool,
 }
 
 impl TimedBody {
     fn new(body: Incoming, conn: Arc<Conn>, timeout: Duration) -> Self {
-        let timing = !http_body::Body::is_end_stream(&body);
-        if timing {
-            lock(&conn.state).body_deadline = Some(Instant::now() + timeout);
-            conn.wake.notify_one();
+        let unread = (!http_body::Body::is_end_stream(&body)).then_some(timeout);
+        TimedBody {
+            body,
+            conn,
+            unread,
+            timing: false,
         }
-        TimedBody { body, conn, timing }
+    }
+
+    /// The handler reads the body: from now on the client has its time.
+    fn start(&mut self) {
+        if let Some(timeout) = self.unread.take() {
+            lock(&self.conn.state).body_deadline = Some(Instant::now() + timeout);
+            self.conn.wake.notify_one();
+            self.timing = true;
+        }
     }
 
     /// The body ended, failed or was dropped: no more deadline.
@@ -571,6 +586,7 @@ impl http_body::Body for TimedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
+        this.start();
         let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
         match &frame {
             Some(Ok(frame)) if this.timing => {
