@@ -6,7 +6,7 @@
 //! | open connections (`http_max_connections`) | the lowest of 4096, ¾ of the open-file limit, and the limit less [`RESERVED_FDS`] | the open-file limit less [`RESERVED_FDS`] |
 //! | time to send a request's head (`http_header_read_timeout`) | 10 s | 5 min |
 //! | time a kept-alive connection may wait for its next request (`http_idle_timeout`) | 60 s | 1 h |
-//! | time to send a request's body (`http_body_read_timeout`), plus 1 s per [`MIN_BODY_RATE`] bytes received | 30 s | 5 min |
+//! | time to send a request's body (`http_body_read_timeout`), from the node's first read of it, plus 1 s per [`MIN_BODY_RATE`] bytes received | 30 s | 5 min |
 //! | request line | [`MAX_REQUEST_LINE_BYTES`] (`414`) | fixed |
 //! | request head (request line and headers) | [`MAX_HEAD_BYTES`], [`MAX_HEADER_FIELDS`] fields (`431`) | fixed |
 //!
