@@ -246,6 +246,18 @@ struct Load {
 /// Millionths: all the workers' time over the window.
 pub(crate) const WHOLE: u64 = 1_000_000;
 
+/// Whether a tenant counts in a window's shares: it used some in the window,
+/// or lately (a smoothed share above a thousandth).
+pub(crate) fn is_active(spent: u64, smoothed: u64) -> bool {
+    spent > 0 || smoothed >= WHOLE / 1000
+}
+
+/// Whether workers busy `busy` (millionths, smoothed) are contended: busy
+/// more than three quarters of the time.
+pub(crate) fn is_contended(busy: u64) -> bool {
+    busy > WHOLE / 4 * 3
+}
+
 /// The share of the workers' time (millionths) a tenant's demoted inline
 /// calls may hold in a window before it is over, busy workers or not: a
 /// twentieth, a tick of 1 ms in a window of two workers for 10 ms. A
@@ -265,14 +277,12 @@ fn mark(capacity: u64, busy: u64, loads: &mut [Load]) {
     for load in loads.iter_mut() {
         load.smoothed = smooth(load.smoothed, millionths(load.spent, capacity));
     }
-    // Active: used some in this window, or lately (a load above a
-    // thousandth of the workers).
     let active = loads
         .iter()
-        .filter(|l| l.spent > 0 || l.smoothed >= WHOLE / 1000)
+        .filter(|l| is_active(l.spent, l.smoothed))
         .count() as u64;
     let fair = WHOLE / active.max(1);
-    let contended = busy > WHOLE / 4 * 3;
+    let contended = is_contended(busy);
     for load in loads.iter_mut() {
         let holds_workers = millionths(load.held_by_demoted, capacity) >= HELD_BY_DEMOTED_OVER;
         load.over = active >= 2

@@ -756,3 +756,87 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::Body;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::config::{ByteSize, NodeConfig};
+    use crate::http_limits::HttpLimits;
+    use crate::node::Instance;
+
+    /// A request whose handler waits before it reads its body (as a key
+    /// request waits for its tenant's turn, `crate::request_turns`) longer
+    /// than the body-read timeout is served, its body sent whole at once:
+    /// the client's time starts at the first read. With the deadline set
+    /// when the head came in, the connection was closed as a slow body.
+    #[tokio::test]
+    async fn a_body_read_late_by_its_handler_is_not_cut_at_the_body_timeout() {
+        let config = NodeConfig {
+            max_live_keys: 4,
+            max_memory_per_key: ByteSize::mib(64),
+            http_body_read_timeout: Duration::from_millis(300),
+            ..NodeConfig::default()
+        };
+        let limits = HttpLimits::for_node(&config).expect("the limits fit");
+        let instance = Arc::new(Instance::start_embedded(config).await.expect("a node"));
+        let app = Router::new().route(
+            "/late",
+            axum::routing::post(|body: Body| async move {
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                let bytes = axum::body::to_bytes(body, 1024).await.expect("the body");
+                format!("read {}", bytes.len())
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(super::serve(
+            listener,
+            app,
+            None,
+            limits,
+            instance.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"POST /late HTTP/1.1\r\nHost: fief\r\nContent-Length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        let read = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match client.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        answer.extend_from_slice(&buf[..n]);
+                        if answer.ends_with(b"read 5") {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "no answer within 30 s");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("read 5"),
+            "the connection was closed or refused: {answer:?}"
+        );
+        drop(stop);
+        server.await.expect("the server").expect("it served");
+        if let Ok(instance) = Arc::try_unwrap(instance) {
+            instance.shutdown().await;
+        }
+    }
+}

@@ -53,7 +53,7 @@ use std::time::Instant;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Notify;
 
-use crate::inline_share::{WHOLE, WINDOW, millionths, smooth};
+use crate::inline_share::{WHOLE, WINDOW, is_active, is_contended, millionths, smooth};
 
 /// One tenant's requests: how many are being served, the limit while it is
 /// over its share, and what they used since the last decision.
@@ -324,17 +324,16 @@ pub(crate) fn mark(busy: u64, workers: u64, capacity: u64, loads: &mut [RequestL
     for load in loads.iter_mut() {
         load.smoothed = smooth(load.smoothed, millionths(load.spent, total));
     }
-    // Active: sent requests in this window, or lately.
     let active = loads
         .iter()
-        .filter(|l| l.spent > 0 || l.smoothed >= WHOLE / 1000)
+        .filter(|l| is_active(l.spent, l.smoothed))
         .count() as u64;
     let fair = WHOLE / active.max(1);
     // Among the tenants not held back: a tenant held back leaves the others
     // a larger share of a smaller whole, which is not theirs to be held for.
     let free: Vec<u64> = loads
         .iter()
-        .filter(|l| l.limit == 0 && (l.spent > 0 || l.smoothed >= WHOLE / 1000))
+        .filter(|l| l.limit == 0 && is_active(l.spent, l.smoothed))
         .map(|l| l.smoothed)
         .collect();
     let all: u64 = loads.iter().map(|l| l.smoothed).sum();
@@ -344,7 +343,7 @@ pub(crate) fn mark(busy: u64, workers: u64, capacity: u64, loads: &mut [RequestL
             / (free.len() as u128).max(1),
     )
     .unwrap_or(WHOLE);
-    let contended = busy > WHOLE / 4 * 3;
+    let contended = is_contended(busy);
     let turns = (workers / active.max(1)).max(1);
     let least =
         u64::try_from(u128::from(capacity) * u128::from(LEAST_ALLOWANCE) / u128::from(WHOLE))
