@@ -785,14 +785,12 @@ mod tests {
         };
         let limits = HttpLimits::for_node(&config).expect("the limits fit");
         let instance = Arc::new(Instance::start_embedded(config).await.expect("a node"));
-        let app = Router::new().route(
-            "/late",
-            axum::routing::post(|body: Body| async move {
-                tokio::time::sleep(Duration::from_millis(900)).await;
-                let bytes = axum::body::to_bytes(body, 1024).await.expect("the body");
-                format!("read {}", bytes.len())
-            }),
-        );
+        // Every request (a fallback: this file serves no routes of the API).
+        let app = Router::new().fallback(|body: Body| async move {
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            let bytes = axum::body::to_bytes(body, 1024).await.expect("the body");
+            format!("read {}", bytes.len())
+        });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
