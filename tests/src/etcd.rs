@@ -352,6 +352,7 @@ impl Drop for EtcdCluster {
         }
         if std::thread::panicking() {
             eprintln!("{}", self.log_tails(20));
+            eprintln!("{}", crate::failure::why_the_test_failed());
         } else {
             for m in &self.members {
                 let _ = std::fs::remove_file(&m.log);

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use fief::{Instance, ModuleOptions, NodeConfig};
 
 pub mod etcd;
+pub mod failure;
 pub mod history;
 pub mod scratch_postgres;
 pub mod storage_backend;
@@ -249,6 +250,9 @@ pub fn workspace_root() -> &'static Path {
 /// Where the tests keep the logs of the processes they run:
 /// `target/test-logs/` of the workspace (created if missing).
 pub fn test_logs_dir() -> PathBuf {
+    // Whoever keeps logs here prints their tails on a panic; the panic's
+    // message is kept to be repeated after them.
+    failure::keep_panic_messages();
     let dir = workspace_root().join("target").join("test-logs");
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
@@ -926,6 +930,7 @@ pub mod multiprocess {
                     self.log.display(),
                     self.log_tail(40)
                 );
+                eprintln!("{}", crate::failure::why_the_test_failed());
             } else {
                 let _ = std::fs::remove_file(&self.log);
             }

@@ -14,7 +14,11 @@
 //! arbiter says the lease expired); campaign; as leader, give orphaned
 //! partitions to live nodes and ask owners above their share to move some;
 //! read the members and the table. At most one request is outstanding; each
-//! has a deadline of one renewal interval. The fence point is checked before
+//! has a deadline of one renewal interval. A renewal that falls due while a
+//! round is in progress goes before the round's next step (which follows it
+//! if it succeeds; a failed renewal starts the round again), so a failing
+//! or hanging arbiter costs at most one step's deadline between renewal
+//! attempts, not a whole round's. The fence point is checked before
 //! every step and before every answer is used, so a slow or silent arbiter
 //! can delay a renewal, never the fence. Every change to the lease is also
 //! published through [`Coordinator::gate`], for checks that must not wait
@@ -152,7 +156,9 @@ struct Outstanding {
 #[derive(Clone, Debug)]
 enum Stage {
     Register(Renewal),
-    Renew(Renewal),
+    /// A renewal; with the step of the round it went before, if it fell
+    /// due in the middle of a round (sent once the renewal succeeds).
+    Renew(Renewal, Option<Box<(Request, Stage)>>),
     Campaign,
     LeaderMembers(Term),
     LeaderTable {
@@ -523,7 +529,12 @@ impl Coordinator {
                         self.sync_now = false;
                         if now >= self.lease.next_renewal_at() {
                             let renewal = self.lease.begin_renewal(now);
-                            Some(self.send(now, Request::Renew(lease), Stage::Renew(renewal), out))
+                            Some(self.send(
+                                now,
+                                Request::Renew(lease),
+                                Stage::Renew(renewal, None),
+                                out,
+                            ))
                         } else {
                             Some(self.send(now, Request::Campaign(lease), Stage::Campaign, out))
                         }
@@ -539,8 +550,10 @@ impl Coordinator {
         }
     }
 
-    /// The answer to the round's request at `stage`: the next request, if
-    /// the round goes on.
+    /// The answer to the round's request at `stage`: the round's next
+    /// request, sent, if the round goes on. A renewal that is due goes
+    /// before it; the round goes on from that step once the renewal
+    /// succeeds (see [`Self::next_step`]).
     fn advance(
         &mut self,
         now: Instant,
@@ -549,6 +562,31 @@ impl Coordinator {
         answer: Reply,
         out: &mut Vec<Action>,
     ) -> Option<Outstanding> {
+        let (request, stage) = self.next_step(now, lease, asked, answer, out)?;
+        if now >= self.lease.next_renewal_at() && !matches!(stage, Stage::Renew(..)) {
+            // The lease before the rest of the round: while the arbiter
+            // fails or hangs (an etcd election: every request waits out its
+            // deadline), each step can take a whole renewal interval, and a
+            // round of five would hold the next renewal back for most of
+            // the fence budget.
+            let renewal = self.lease.begin_renewal(now);
+            let then = Some(Box::new((request, stage)));
+            let stage = Stage::Renew(renewal, then);
+            return Some(self.send(now, Request::Renew(lease), stage, out));
+        }
+        Some(self.send(now, request, stage, out))
+    }
+
+    /// The answer to the round's request at `stage`, acted on: the round's
+    /// next request and its stage, if the round goes on.
+    fn next_step(
+        &mut self,
+        now: Instant,
+        lease: LeaseId,
+        asked: &Outstanding,
+        answer: Reply,
+        out: &mut Vec<Action>,
+    ) -> Option<(Request, Stage)> {
         let (sent, stage) = (asked.sent, asked.stage.clone());
         if let Reply::Table(table) = &answer
             && let Err(r) = self.history.table(table, asked.asked_after)
@@ -557,7 +595,7 @@ impl Coordinator {
             return None;
         }
         match (stage, answer) {
-            (Stage::Renew(renewal), Reply::Renewed(mark)) => {
+            (Stage::Renew(renewal, then), Reply::Renewed(mark)) => {
                 if let Err(r) = self.history.renewed(lease, mark) {
                     out.extend(self.regressed(now, r));
                     return None;
@@ -566,26 +604,29 @@ impl Coordinator {
                     self.fence(now, FENCE_POINT_PASSED, out);
                     return None;
                 }
-                Some(self.send(now, Request::Campaign(lease), Stage::Campaign, out))
+                // The step the renewal went before, if any; else the round
+                // goes on as after any renewal.
+                Some(then.map_or((Request::Campaign(lease), Stage::Campaign), |then| *then))
             }
-            (Stage::Renew(_), Reply::LeaseExpired) => {
+            (Stage::Renew(..), Reply::LeaseExpired) => {
                 self.fence(now, LEASE_EXPIRED, out);
                 None
             }
-            (Stage::Renew(_), _) => {
-                Some(self.send(now, Request::Campaign(lease), Stage::Campaign, out))
-            }
+            // A failed renewal starts the round again (the next renewal
+            // goes first if it is due already: the arbiter held this one
+            // to its deadline).
+            (Stage::Renew(..), _) => Some((Request::Campaign(lease), Stage::Campaign)),
             (Stage::Campaign, Reply::Campaign(Some(term))) => {
                 if let Err(r) = self.history.term(term) {
                     out.extend(self.regressed(now, r));
                     return None;
                 }
                 out.push(Action::Leader(Some(term)));
-                Some(self.send(now, Request::LiveNodes, Stage::LeaderMembers(term), out))
+                Some((Request::LiveNodes, Stage::LeaderMembers(term)))
             }
             (Stage::Campaign, Reply::Campaign(None)) => {
                 out.push(Action::Leader(None));
-                Some(self.send(now, Request::LiveNodes, Stage::Members, out))
+                Some((Request::LiveNodes, Stage::Members))
             }
             (Stage::LeaderMembers(term), Reply::Members(members)) => {
                 // Only nodes that have used their lease get partitions: a
@@ -597,15 +638,13 @@ impl Coordinator {
                     .map(|m| m.node.clone())
                     .collect();
                 let live = members.iter().map(|m| m.node.clone()).collect();
-                Some(self.send(
-                    now,
+                Some((
                     Request::Table,
                     Stage::LeaderTable {
                         term,
                         live,
                         targets,
                     },
-                    out,
                 ))
             }
             (
@@ -619,19 +658,17 @@ impl Coordinator {
                 let changes = orphan_assignment(&table, &live, &targets);
                 if changes.is_empty() {
                     out.push(Action::StartMoves(moves_by_owner(&table, &targets)));
-                    Some(self.send(now, Request::LiveNodes, Stage::Members, out))
+                    Some((Request::LiveNodes, Stage::Members))
                 } else {
-                    Some(self.send(
-                        now,
+                    Some((
                         Request::WriteTable(term, changes),
                         Stage::LeaderWrite { targets },
-                        out,
                     ))
                 }
             }
             (Stage::LeaderWrite { targets }, Reply::Table(table)) => {
                 out.push(Action::StartMoves(moves_by_owner(&table, &targets)));
-                Some(self.send(now, Request::LiveNodes, Stage::Members, out))
+                Some((Request::LiveNodes, Stage::Members))
             }
             (
                 Stage::Campaign
@@ -639,12 +676,12 @@ impl Coordinator {
                 | Stage::LeaderTable { .. }
                 | Stage::LeaderWrite { .. },
                 _,
-            ) => Some(self.send(now, Request::LiveNodes, Stage::Members, out)),
+            ) => Some((Request::LiveNodes, Stage::Members)),
             (Stage::Members, answer) => {
                 if let Reply::Members(members) = answer {
                     out.push(Action::Members(members));
                 }
-                Some(self.send(now, Request::Table, Stage::Table, out))
+                Some((Request::Table, Stage::Table))
             }
             (Stage::Table, answer) => {
                 if let Reply::Table(table) = answer {

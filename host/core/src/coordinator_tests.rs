@@ -217,3 +217,57 @@ fn the_gate_follows_the_lease() {
         "the new lease, sent at 1.5 s"
     );
 }
+
+/// Tick `c` at every instant it asks for from `from` until `until`, the
+/// arbiter answering nothing (every request waits out its deadline); the
+/// requests sent, with when.
+fn hang_until(c: &mut Coordinator, from: u64, until: u64) -> Vec<(u64, RequestId, Request)> {
+    let mut sends = Vec::new();
+    let mut now = from;
+    while now < until {
+        if let Some((id, request)) = sent(&c.on_tick(at(now))) {
+            sends.push((now, id, request));
+        }
+        // A wake in the past (a renewal overdue) is now.
+        now = now.max(c.wake_at().since_origin().as_millis() as u64);
+    }
+    sends
+}
+
+/// While the arbiter hangs (an etcd election: every request waits out its
+/// deadline), a renewal goes out every renewal interval, before the rest of
+/// the round, and the round goes on from where it was once one succeeds.
+/// With the round finished first, the renewal after the grant waited for
+/// the campaign, the members and the table: one attempt in the 4 s to the
+/// fence point, at 3 s (the etcd fault test's fence during an election).
+#[test]
+fn a_renewal_due_mid_round_goes_before_the_rest_of_the_round() {
+    let mut c = Coordinator::new(LeaseTiming::default()); // fence point: sent + 4 s
+    let (id, _) = sent(&c.on_tick(at(0))).unwrap();
+    let (_, req) = sent(&c.on_reply(at(0), id, Reply::Registered(LeaseId(1)))).unwrap();
+    assert_eq!(req, Request::Campaign(LeaseId(1)));
+    let sends = hang_until(&mut c, 0, 3100);
+    let renewals: Vec<(u64, RequestId)> = sends
+        .iter()
+        .filter(|(_, _, r)| *r == Request::Renew(LeaseId(1)))
+        .map(|(t, id, _)| (*t, *id))
+        .collect();
+    let times: Vec<u64> = renewals.iter().map(|(t, _)| *t).collect();
+    assert_eq!(times, vec![1000, 2000, 3000], "{sends:?}");
+    // The arbiter is back: the renewal sent at 3 s succeeds, and the round
+    // goes on with the step that renewal went before.
+    let (_, last) = renewals[2];
+    let actions = c.on_reply(at(3100), last, Reply::Renewed(1));
+    assert_eq!(c.fence_point(), Some(at(7000)));
+    let (id, req) = sent(&actions).unwrap();
+    assert_eq!(req, Request::Campaign(LeaseId(1)));
+    let (_, req) = sent(&c.on_reply(at(3200), id, Reply::Campaign(None))).unwrap();
+    assert_eq!(req, Request::LiveNodes);
+    // The members' read hangs past the next renewal's time: the renewal
+    // goes first, then the read that was next, the table's.
+    let (id, req) = sent(&c.on_tick(at(4200))).unwrap();
+    assert_eq!(req, Request::Renew(LeaseId(1)));
+    let (_, req) = sent(&c.on_reply(at(4250), id, Reply::Renewed(2))).unwrap();
+    assert_eq!(req, Request::Table);
+    assert_eq!(c.fence_point(), Some(at(8200)));
+}
