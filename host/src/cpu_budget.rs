@@ -274,19 +274,42 @@ pub(crate) fn poll_metered<F: Future + ?Sized>(
     poll_timed(meter, work, cx).0
 }
 
+thread_local! {
+    /// When the metered poll running on this thread began (wall clock), for
+    /// the epoch callback: see [`poll_running_for`].
+    static POLL_STARTED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// How long the metered poll running on this thread has run (wall clock),
+/// if one is. The epoch callback reads it to tell an inline call that has
+/// held its caller's worker for a while from one that began just before a
+/// tick (`key/process.rs`).
+pub(crate) fn poll_running_for() -> Option<Duration> {
+    POLL_STARTED
+        .with(|started| started.get())
+        .map(|t| t.elapsed())
+}
+
 /// [`poll_metered`], also returning the time the poll took.
 pub(crate) fn poll_timed<F: Future + ?Sized>(
     meter: &CpuMeter,
     work: Pin<&mut F>,
     cx: &mut std::task::Context<'_>,
 ) -> (std::task::Poll<F::Output>, Duration) {
+    // A poll inside a poll (an inline call from a key's callback) restores
+    // the outer one's start when it ends.
     let (poll, spent) = if meter.thread_cpu {
+        let outer = POLL_STARTED.replace(Some(Instant::now()));
         let start = thread_cpu_time();
         let poll = work.poll(cx);
-        (poll, thread_cpu_time().saturating_sub(start))
+        let spent = thread_cpu_time().saturating_sub(start);
+        POLL_STARTED.set(outer);
+        (poll, spent)
     } else {
         let start = Instant::now();
+        let outer = POLL_STARTED.replace(Some(start));
         let poll = work.poll(cx);
+        POLL_STARTED.set(outer);
         (poll, start.elapsed())
     };
     meter.charge(spent);

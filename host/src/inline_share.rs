@@ -4,8 +4,8 @@
 //! A routed call to an idle key runs on its caller's task (`key/inline.rs`):
 //! for an HTTP request or a peer link that is one of the node's own workers,
 //! the threads that also poll every socket. Its first slice is bounded (a
-//! call still running at its first epoch tick is demoted to the guest
-//! threads), but nothing bounded how many short calls one tenant could run
+//! call still running at an epoch tick half a tick after its poll began is
+//! demoted to the guest threads), but nothing bounded how many short calls one tenant could run
 //! there back to back: four clients flooding a key with calls that each end
 //! in well under a tick kept the workers busy, and another tenant's request
 //! waited behind them in the runtime's run queue (issue 17: a victim's p50

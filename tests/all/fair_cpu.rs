@@ -795,3 +795,96 @@ async fn a_guest_thread_policy_that_is_not_one_stops_the_node_at_start() {
         "{stderr}"
     );
 }
+
+/// `fief_calls_demoted_total` of `module`.
+async fn demoted_calls(node: &Instance, module: &str) -> u64 {
+    let series = format!("fief_calls_demoted_total{{module=\"{module}\"}}");
+    fief_tests::metric_value(&node.metrics_text().await, &series).unwrap_or(0.0) as u64
+}
+
+/// A short call that straddles an epoch tick stays on its caller's task: at
+/// the tick its poll has run less than half a tick, so it runs on to the
+/// next one and finishes inline, instead of waiting for a guest thread
+/// behind long callbacks; a call still running half a tick after its poll
+/// began is demoted as before. With a 100 ms tick, a burn of about 20 ms
+/// sees the epoch bumped about 5 ms in (`kill_key` of a key that is not
+/// live bumps it). A try whose burn the machine stretched past half a tick
+/// may be demoted; one try of five that saw the bump inside the call and
+/// was not demoted passes. With every tick demoting (the rule removed),
+/// every try that saw the bump was demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_call_that_straddles_a_tick_stays_on_its_callers_task() {
+    let _alone = one_cpu_test_at_a_time().await;
+    let config = NodeConfig {
+        epoch_tick: Duration::from_millis(100),
+        kill_bound: Duration::from_millis(250),
+        ..test_config()
+    };
+    let node = Arc::new(
+        node_with_options(
+            config,
+            &[(
+                "spin",
+                guests::SPIN,
+                spinner_options(Duration::from_secs(60)),
+            )],
+        )
+        .await,
+    );
+    // A burn of about 20 ms on this machine, now.
+    call_text(&node, "spin", "short", "ping").await;
+    let probe = 2_000_000u64;
+    let started = Instant::now();
+    call_text(&node, "spin", "short", &format!("burn {probe}")).await;
+    let per_turn = started.elapsed().as_secs_f64() / probe as f64;
+    let turns = ((0.02 / per_turn) as u64).max(probe);
+
+    let mut tries = Vec::new();
+    for _ in 0..5 {
+        let before = demoted_calls(&node, "spin").await;
+        let bumper = {
+            let node = node.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                // Not live: only the epoch moves.
+                assert!(!node.kill_key("spin", "nobody"));
+                Instant::now()
+            })
+        };
+        let began = Instant::now();
+        let reply = call_text(&node, "spin", "short", &format!("burn {turns}")).await;
+        let ended = Instant::now();
+        let bumped = bumper.join().expect("the bumper");
+        assert_eq!(reply, "burnt");
+        let demoted = demoted_calls(&node, "spin").await - before;
+        let inside = began < bumped && bumped < ended;
+        tries.push((inside, demoted, ended - began));
+        if inside && demoted == 0 {
+            break;
+        }
+    }
+    eprintln!("tries (bump inside the call, demotions, call took): {tries:?}");
+    assert!(
+        tries
+            .iter()
+            .any(|(inside, demoted, _)| *inside && *demoted == 0),
+        "no try kept a call that straddled a tick on its caller's task: {tries:?}"
+    );
+
+    // A call still running half a tick after its poll began is demoted.
+    let before = demoted_calls(&node, "spin").await;
+    let spinning = tokio::spawn({
+        let node = node.clone();
+        async move { node.call("spin", "long", b"spin".to_vec()).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while demoted_calls(&node, "spin").await == before {
+        assert!(
+            Instant::now() < deadline,
+            "a spinning inline call was never demoted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(node.kill_key("spin", "long"));
+    assert!(spinning.await.expect("the spinning call").is_err());
+}

@@ -7,7 +7,7 @@
 //! the key's kill switch (`run_inline`), the start before it of an absent
 //! key (`run_activation`), its polling by the caller (`InlineCall`, charged
 //! to the key's CPU meter), and its hand-over to the key's task (`Orphan`)
-//! when its caller goes away or when it is demoted at its first epoch tick.
+//! when its caller goes away or when it is demoted at an epoch tick.
 //! A call handed over is always finished, never cut in half. It also makes a
 //! caller that runs many inline calls in a row yield its worker
 //! (`yield_after_inline`). It must not decide whether a call may run inline
@@ -30,6 +30,7 @@ use super::task::start_in_pool;
 use super::{KeyControl, KeyLifeEvent, KeyServices};
 use crate::cpu_budget::{CpuMeter, poll_timed};
 use crate::error::{Error, Result};
+use crate::metrics::CallCounter;
 use crate::trace::TraceContext;
 
 /// An inline call in flight, boxed so that it can move to the key's task if
@@ -66,11 +67,12 @@ impl Orphan {
 /// which finishes it: the key never sees a call cut in half.
 ///
 /// It also hands the call to the key's task when the call is *demoted*:
-/// still running at its first epoch tick, it continues on the guest threads
+/// still running at an epoch tick half a tick or more after its poll began
+/// (see the epoch callback, `process.rs`), it continues on the guest threads
 /// (`crate::scheduler`) while the caller waits for its reply, so a long
 /// callback never holds the caller's worker (an API or peer-link worker)
 /// for more than one slice.
-pub(super) struct InlineCall {
+pub(super) struct InlineCall<'a> {
     future: Option<InlineFuture>,
     control: Arc<KeyControl>,
     /// The key's CPU meter: the caller's polls are the key's time too.
@@ -79,16 +81,24 @@ pub(super) struct InlineCall {
     demoted: Option<oneshot::Receiver<Result<Vec<u8>>>>,
     /// Time the caller spent polling the call (see [`yield_after_inline`]).
     spent: Duration,
+    /// `fief_calls_demoted_total` of the key's module.
+    demotions: &'a CallCounter,
 }
 
-impl InlineCall {
-    pub(super) fn new(future: InlineFuture, control: Arc<KeyControl>, cpu: Arc<CpuMeter>) -> Self {
+impl<'a> InlineCall<'a> {
+    pub(super) fn new(
+        future: InlineFuture,
+        control: Arc<KeyControl>,
+        cpu: Arc<CpuMeter>,
+        demotions: &'a CallCounter,
+    ) -> Self {
         InlineCall {
             future: Some(future),
             control,
             cpu,
             demoted: None,
             spent: Duration::ZERO,
+            demotions,
         }
     }
 
@@ -98,7 +108,7 @@ impl InlineCall {
     }
 }
 
-impl Future for InlineCall {
+impl Future for InlineCall<'_> {
     type Output = Result<Vec<u8>>;
 
     fn poll(
@@ -121,6 +131,7 @@ impl Future for InlineCall {
             // task finish the call, and wait for its reply. What it held
             // this worker counts against its tenant's share of them.
             self.cpu.tenant().inline_share().note_demoted(self.spent);
+            self.demotions.inc();
             let call = self.future.take().expect("checked above");
             let (reply, demoted) = oneshot::channel();
             self.control.adopt(Orphan {
@@ -136,7 +147,7 @@ impl Future for InlineCall {
     }
 }
 
-impl Drop for InlineCall {
+impl Drop for InlineCall<'_> {
     fn drop(&mut self) {
         if let Some(call) = self.future.take() {
             self.control.adopt(Orphan { call, reply: None });
@@ -151,8 +162,9 @@ pub(super) async fn serve_inline(
     future: InlineFuture,
     control: Arc<KeyControl>,
     cpu: Arc<CpuMeter>,
+    demotions: &CallCounter,
 ) -> Result<Vec<u8>> {
-    let mut call = InlineCall::new(future, control.clone(), cpu);
+    let mut call = InlineCall::new(future, control.clone(), cpu, demotions);
     let reply = (&mut call).await;
     yield_after_inline(call.spent()).await;
     // The call killed the process, or its start failed: answer once the
@@ -248,7 +260,7 @@ fn killed(control: &KeyControl) -> Error {
 }
 
 /// Run `handle-call` on the held process, under the key's kill switch;
-/// `inline`: the call's first epoch tick demotes it (see `InlineCall`).
+/// `inline`: an epoch tick may demote it (see `InlineCall`).
 async fn call_held(
     mut process: ProcessGuard,
     control: Arc<KeyControl>,

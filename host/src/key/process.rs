@@ -410,6 +410,17 @@ impl KeyProcess {
             if resumed {
                 return Ok(UpdateDeadline::Continue(1));
             }
+            // An inline call that began less than half a tick before this
+            // tick has not used its slice: it runs on to the next tick (so
+            // it holds its caller's worker under one and a half ticks). A
+            // call of microseconds that straddled a tick was demoted, and
+            // waited for a guest thread behind long callbacks.
+            if ctx.inline
+                && crate::cpu_budget::poll_running_for()
+                    .is_some_and(|ran| ran.as_nanos() < u128::from(ctx.tick_nanos / 2))
+            {
+                return Ok(UpdateDeadline::Continue(1));
+            }
             // Let other keys run. The deadline after the yield is the epoch
             // at resumption (delta 0), so the guest's first check after it
             // resumes calls back and reads the kill flag again: a kill (and

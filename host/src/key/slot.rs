@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::host_bytes::Ledger;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
 use crate::mailbox::{self, Mailbox, MailboxRx, Refused};
-use crate::metrics::CallCounter;
+use crate::metrics::InlineCounters;
 use crate::module::CompiledModule;
 use crate::trace::TraceContext;
 
@@ -96,8 +96,8 @@ pub(crate) struct ModuleSlot {
     /// reactivations.
     pub(super) recently_evicted: Mutex<LruCache<Box<str>, ()>>,
     next_generation: AtomicU64,
-    /// `fief_calls_inline_total{module}`.
-    inline_calls: CallCounter,
+    /// `fief_calls_inline_total{module}` and `fief_calls_demoted_total{module}`.
+    inline_calls: InlineCounters,
     /// The module's tenant's CPU meter, found at its first routed call.
     tenant_cpu: OnceLock<Arc<TenantCpu>>,
 }
@@ -123,7 +123,7 @@ pub struct LiveKey {
 impl ModuleSlot {
     /// The slot of `name`, running `module`, counting its inline calls to
     /// `inline_calls`.
-    pub(crate) fn new(name: &str, module: CompiledModule, inline_calls: CallCounter) -> Self {
+    pub(crate) fn new(name: &str, module: CompiledModule, inline_calls: InlineCounters) -> Self {
         ModuleSlot {
             name: Arc::from(name),
             current: ArcSwap::from_pointee(module),
@@ -427,21 +427,23 @@ impl ModuleSlot {
                             );
                         }
                         control.touch();
-                        self.inline_calls.inc();
+                        self.inline_calls.calls.inc();
                         let future = Box::pin(run_inline(process, control.clone(), message, trace));
-                        return serve_inline(future, control, cpu).await;
+                        return serve_inline(future, control, cpu, &self.inline_calls.demoted)
+                            .await;
                     }
                 }
                 // No process: the call starts one here, and runs on it.
                 Err(Miss::Absent) if services.may_act() => {
                     let activation = self.activate_for_call(services, key, partition, token)?;
                     if let Some(activation) = activation {
-                        self.inline_calls.inc();
+                        self.inline_calls.calls.inc();
                         let (control, cpu) =
                             (activation.env.control.clone(), activation.meter.0.clone());
                         let future =
                             Box::pin(run_activation(activation, services.clone(), message, trace));
-                        return serve_inline(future, control, cpu).await;
+                        return serve_inline(future, control, cpu, &self.inline_calls.demoted)
+                            .await;
                     }
                 }
                 Err(_) => {}

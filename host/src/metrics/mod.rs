@@ -45,6 +45,16 @@ mod topics;
 pub(crate) use alarms::AlarmMetrics;
 use striped::StripedU64;
 pub(crate) use striped::{CallCounter, SecondsCounter};
+
+/// A module's inline-call counters: `fief_calls_inline_total` and
+/// `fief_calls_demoted_total`.
+#[derive(Clone, Default)]
+pub(crate) struct InlineCounters {
+    /// Calls served on their caller's task.
+    pub(crate) calls: CallCounter,
+    /// Of those, the ones demoted to the guest threads.
+    pub(crate) demoted: CallCounter,
+}
 pub(crate) use striped::{LATENCY_BUCKETS, LatencyHistogram};
 pub(crate) use topics::{Dropped, TopicMetrics};
 
@@ -98,6 +108,7 @@ pub(crate) struct Metrics {
     renewals_past: Mutex<RenewalCounts>,
     activations: Family<Labels1, Counter>,
     inline_calls: Family<Labels1, CallCounter>,
+    demoted_calls: Family<Labels1, CallCounter>,
     kills: Family<Labels2, Counter>,
     evictions: Family<Labels2, Counter>,
     reactivations: Family<Labels1, Counter>,
@@ -192,6 +203,7 @@ impl Metrics {
         let renewals = Family::<Labels1, Counter>::default();
         let activations = Family::<Labels1, Counter>::default();
         let inline_calls = Family::<Labels1, CallCounter>::default();
+        let demoted_calls = Family::<Labels1, CallCounter>::default();
         let kills = Family::<Labels2, Counter>::default();
         let evictions = Family::<Labels2, Counter>::default();
         let reactivations = Family::<Labels1, Counter>::default();
@@ -237,6 +249,11 @@ impl Metrics {
             "calls_inline",
             "Calls served on their caller's task because the key was idle, or absent and started there (no hop to the key's task), by module; counted among the calls too",
             inline_calls.clone(),
+        );
+        r.register(
+            "calls_demoted",
+            "Inline calls (or activations) still running half a tick after their poll began, at an epoch tick: finished on the guest threads, by module",
+            demoted_calls.clone(),
         );
         r.register(
             "key_kills",
@@ -422,6 +439,7 @@ impl Metrics {
             renewals_past: Mutex::new(RenewalCounts::default()),
             activations,
             inline_calls,
+            demoted_calls,
             kills,
             evictions,
             reactivations,
@@ -480,12 +498,14 @@ impl Metrics {
             .inc();
     }
 
-    /// The counter of `module`'s calls served inline, for its slot to keep
-    /// (one atomic add per inline call, no lookup).
-    pub(crate) fn inline_calls(&self, module: &str) -> CallCounter {
-        self.inline_calls
-            .get_or_create(&[("module", module.to_owned())])
-            .clone()
+    /// The counters of `module`'s calls served inline and of those
+    /// demoted, for its slot to keep (one atomic add each, no lookup).
+    pub(crate) fn inline_calls(&self, module: &str) -> InlineCounters {
+        let labels = [("module", module.to_owned())];
+        InlineCounters {
+            calls: self.inline_calls.get_or_create(&labels).clone(),
+            demoted: self.demoted_calls.get_or_create(&labels).clone(),
+        }
     }
 
     /// A key of `module` was evicted (retired idle, its state kept) for

@@ -200,11 +200,11 @@ impl NodeShared {
         // call is pending: an inline call usually finishes in its first
         // poll, and making a timer reads the clock and clones the runtime's
         // handle (a reference count every core calling at once would share).
-        // The first poll is at most one slice (an inline call still running
-        // at its first epoch tick moves to the key's task), so the wait is
-        // bounded by `timeout` plus that slice. A `Pending` goes back to the
-        // executor before the call is polled again: the call may have
-        // yielded on purpose (`yield_after_inline`).
+        // The first poll is under one and a half slices (an inline call
+        // still running at an epoch tick half a tick into its poll moves to
+        // the key's task), so the wait is bounded by `timeout` plus that.
+        // A `Pending` goes back to the executor before the call is polled
+        // again: the call may have yielded on purpose (`yield_after_inline`).
         let mut call = std::pin::pin!(slot.call(
             &self.services,
             key,
