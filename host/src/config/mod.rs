@@ -126,7 +126,8 @@ pub struct NodeConfig {
     pub max_connections_per_tenant: u32,
     /// How long a call waits for a reply before it fails with `timeout`,
     /// counted from when the call first waits: a call that runs on its
-    /// caller's task (an idle key) may first run one slice, an epoch tick.
+    /// caller's task (an idle key) may first run up to one and a half epoch
+    /// ticks.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
     /// Longest a deploy waits for its component to compile; a slower one is

@@ -71,7 +71,7 @@ impl Orphan {
 /// (see the epoch callback, `process.rs`), it continues on the guest threads
 /// (`crate::scheduler`) while the caller waits for its reply, so a long
 /// callback never holds the caller's worker (an API or peer-link worker)
-/// for more than one slice.
+/// for one and a half slices.
 pub(super) struct InlineCall<'a> {
     future: Option<InlineFuture>,
     control: Arc<KeyControl>,
