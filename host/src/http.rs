@@ -44,7 +44,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -118,13 +118,9 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         .fallback(
             |uri: axum::http::Uri| async move { Error::NoSuchEndpoint(uri.path().to_owned()) },
         )
-        .layer(DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn_with_state(
-            auth,
-            crate::auth::authenticate,
-        ))
-        // Outside authentication: a refused request is traced too.
-        .layer(axum::middleware::from_fn(traced))
+        // One layer, not one per concern: axum wraps every route once more
+        // for each `layer`, a clone and a boxed future per request each.
+        .layer(axum::middleware::from_fn_with_state(auth, edge))
         // Added after the authentication layer, so outside it: probes
         // carry no token.
         .merge(crate::probes::routes())
@@ -133,11 +129,16 @@ pub fn router_with(instance: Arc<Instance>, auth: Arc<Auth>) -> Router {
         .with_state(instance)
 }
 
+/// What every API request but the probes and the dashboard's page passes
+/// through, in one middleware: trace context, then authentication.
+///
 /// Trace context (`crate::trace`, issue 22 item 4): the request is served
 /// in the caller's `traceparent` trace, or a new one if it sent none or one
 /// that does not parse (never refused for it), in a span of this node's own
-/// that the response's `traceparent` names.
-async fn traced(
+/// that the response's `traceparent` names. A request that authentication
+/// refuses (`crate::auth::authenticate`) is traced too.
+async fn edge(
+    auth: State<Arc<Auth>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -147,8 +148,9 @@ async fn traced(
         .and_then(|v| v.to_str().ok())
         .and_then(crate::trace::TraceContext::parse);
     let trace = caller.map_or_else(crate::trace::TraceContext::new_root, |t| t.child());
-    let mut response = crate::trace::scope(Some(trace), next.run(request)).await;
-    if let Ok(value) = axum::http::HeaderValue::from_str(&trace.to_string()) {
+    let served = crate::auth::authenticate(auth, request, next);
+    let mut response = crate::trace::scope(Some(trace), served).await;
+    if let Ok(value) = axum::http::HeaderValue::from_bytes(&trace.traceparent()) {
         response.headers_mut().insert(TRACEPARENT, value);
     }
     response

@@ -84,11 +84,21 @@ impl TraceContext {
 /// `traceparent` form: `00-<trace-id>-<parent-id>-<flags>`.
 impl fmt::Display for TraceContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "00-{}-", self.trace_hex())?;
-        for b in self.parent_id {
-            write!(f, "{b:02x}")?;
-        }
-        write!(f, "-{:02x}", self.flags)
+        f.write_str(ascii(&self.traceparent()))
+    }
+}
+
+impl TraceContext {
+    /// The `traceparent` header value, `00-<trace-id>-<parent-id>-<flags>`
+    /// (55 ASCII bytes), written without the formatting machinery: every
+    /// API response carries one.
+    pub(crate) fn traceparent(&self) -> [u8; 55] {
+        let mut out = [b'-'; 55];
+        out[..2].copy_from_slice(b"00");
+        encode_hex(&self.trace_id, &mut out[3..35]);
+        encode_hex(&self.parent_id, &mut out[36..52]);
+        encode_hex(&[self.flags], &mut out[53..55]);
+        out
     }
 }
 
@@ -98,11 +108,24 @@ pub(crate) struct TraceIdHex([u8; 16]);
 
 impl fmt::Display for TraceIdHex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let mut out = [0; 32];
+        encode_hex(&self.0, &mut out);
+        f.write_str(ascii(&out))
     }
+}
+
+/// `bytes` as lowercase hex into `out` (twice as long).
+fn encode_hex(bytes: &[u8], out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0x0f)];
+    }
+}
+
+/// The text of bytes this module wrote (hex digits and dashes: ASCII).
+fn ascii(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).expect("hex digits and dashes are ASCII")
 }
 
 /// The trace's form on the peer link.
@@ -197,6 +220,17 @@ mod tests {
         );
         let unsampled = VALID.replace("-01", "-00");
         assert_eq!(TraceContext::parse(&unsampled).unwrap().flags, 0);
+    }
+
+    #[test]
+    fn new_contexts_format_as_traceparents_that_parse_back() {
+        for _ in 0..1000 {
+            let t = TraceContext::new_root().child();
+            let text = t.to_string();
+            assert_eq!(TraceContext::parse(&text), Some(t), "{text}");
+            assert_eq!(text.as_bytes(), t.traceparent());
+            assert_eq!(&text[3..35], t.trace_hex().to_string());
+        }
     }
 
     #[test]

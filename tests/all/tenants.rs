@@ -137,6 +137,21 @@ async fn missing_or_bad_tokens_get_401_and_an_open_node_needs_none() {
         .unwrap();
     assert_eq!(response.status(), 401);
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    // A refused request is traced too: answered in the caller's trace.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let response = api
+        .client
+        .get(format!("{}/v1/status", api.base))
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    let answered = response.headers()["traceparent"].to_str().unwrap();
+    assert!(
+        answered.starts_with(&format!("00-{trace_id}-")) && answered.len() == 55,
+        "the refusal's traceparent {answered:?} is not one of the caller's trace"
+    );
     // With no tokens configured, the API stays open (the quick start).
     let open = Api::start(Arc::new(node_with(&[]).await), Auth::open()).await;
     let (status, _) = open
