@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use fief_core::Instant;
 use serde::{Deserialize, Serialize};
-use wasmtime_wasi::{FsPerms, ResourceTable, WasiCtx};
+use wasmtime_wasi::{FsPerms, ResourceTable, WasiCtx, WasiCtxBuilder};
 
 use crate::config::{ByteSize, DirGrant, ModuleOptions};
 use crate::error::{Error, Result};
@@ -345,14 +345,47 @@ impl ModuleOptions {
     }
 }
 
-/// The WASI context of one key process: the capabilities above and nothing
-/// else.
+/// The WASI context of one key process whose module has a directory: the
+/// capabilities above and nothing else. `None` for a module without one:
+/// its keys' contexts are made on their first WASI call
+/// ([`plain_wasi_ctx`]), as most keys never make one, and a context is
+/// about a dozen allocations on every activation and as many frees on
+/// every eviction and fence.
 ///
 /// # Errors
 ///
 /// [`Error::KeyDied`] when the module's directory cannot be opened (it was
 /// removed after the deploy).
-pub(crate) fn wasi_ctx(options: &ModuleOptions, log: &Arc<GuestLogger>) -> Result<WasiCtx> {
+pub(crate) fn wasi_ctx(options: &ModuleOptions, log: &Arc<GuestLogger>) -> Result<Option<WasiCtx>> {
+    let Some(dir) = &options.dir else {
+        return Ok(None);
+    };
+    let perms = if dir.writable {
+        FsPerms::ReadWrite
+    } else {
+        FsPerms::ReadOnly
+    };
+    let mut builder = base_wasi(log);
+    builder
+        .preopened_dir(&dir.host, GUEST_DIR, perms)
+        .map_err(|e| {
+            Error::KeyDied(format!(
+                "cannot open the module's directory {}: {e:#}",
+                dir.host.display()
+            ))
+        })?;
+    Ok(Some(builder.build()))
+}
+
+/// The WASI context of a key whose module has no directory, made when the
+/// key first calls WASI: the capabilities above and nothing else.
+pub(crate) fn plain_wasi_ctx(log: &Arc<GuestLogger>) -> WasiCtx {
+    base_wasi(log).build()
+}
+
+/// What every key's WASI context has: stdout and stderr into the key's log,
+/// no network.
+fn base_wasi(log: &Arc<GuestLogger>) -> WasiCtxBuilder {
     let mut builder = WasiCtx::builder();
     builder
         .stdout(GuestLog::new(log.clone(), Stream::Stdout))
@@ -363,22 +396,7 @@ pub(crate) fn wasi_ctx(options: &ModuleOptions, log: &Arc<GuestLogger>) -> Resul
         .allow_udp(false)
         .allow_ip_name_lookup(false)
         .socket_addr_check(|_, _| Box::pin(async { false }));
-    if let Some(dir) = &options.dir {
-        let perms = if dir.writable {
-            FsPerms::ReadWrite
-        } else {
-            FsPerms::ReadOnly
-        };
-        builder
-            .preopened_dir(&dir.host, GUEST_DIR, perms)
-            .map_err(|e| {
-                Error::KeyDied(format!(
-                    "cannot open the module's directory {}: {e:#}",
-                    dir.host.display()
-                ))
-            })?;
-    }
-    Ok(builder.build())
+    builder
 }
 
 /// Host resources (WASI streams, pollables, descriptors, ...) one key may
@@ -457,6 +475,38 @@ mod tests {
             bucket.take(t2).unwrap();
         }
         assert!(bucket.take(t2).is_err());
+    }
+
+    #[test]
+    fn a_key_without_a_directory_gets_its_wasi_context_on_first_use() {
+        let log = Arc::new(GuestLogger::new(
+            Arc::from("m"),
+            Arc::from("k"),
+            crate::guest_log::LogLimits {
+                lines_per_second: 10,
+                bytes_per_second: 1024,
+            },
+            Default::default(),
+        ));
+        // No directory: nothing made at activation.
+        let none = wasi_ctx(&ModuleOptions::default(), &log).unwrap();
+        assert!(none.is_none());
+        // A directory is opened at activation, where failing can be said.
+        let dir = |spec: String| ModuleOptions {
+            dir: Some(spec.parse().unwrap()),
+            ..ModuleOptions::default()
+        };
+        let here = std::env::temp_dir().display().to_string();
+        assert!(
+            wasi_ctx(&dir(format!("{here}:ro")), &log)
+                .unwrap()
+                .is_some()
+        );
+        let gone = format!("{here}/fief-no-such-dir-{}:ro", std::process::id());
+        match wasi_ctx(&dir(gone), &log) {
+            Err(Error::KeyDied(why)) => assert!(why.contains("cannot open"), "{why}"),
+            other => panic!("a missing directory: {:?}", other.map(|c| c.is_some())),
+        }
     }
 
     #[test]

@@ -74,7 +74,9 @@ pub(crate) struct KeyEnv {
 
 /// The data of a key's store.
 pub(crate) struct KeyCtx {
-    wasi: WasiCtx,
+    /// Made on the key's first WASI call unless its module has a directory
+    /// (`crate::sandbox::wasi_ctx`).
+    wasi: Option<WasiCtx>,
     table: ResourceTable,
     limits: super::linear_memory::KeyLimiter,
     memory_limit: usize,
@@ -122,8 +124,11 @@ pub(crate) struct KeyCtx {
 
 impl WasiView for KeyCtx {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let log = &self.log;
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx: self
+                .wasi
+                .get_or_insert_with(|| crate::sandbox::plain_wasi_ctx(log)),
             table: &mut self.table,
         }
     }
