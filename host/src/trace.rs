@@ -79,16 +79,7 @@ impl TraceContext {
     pub(crate) fn trace_hex(&self) -> TraceIdHex {
         TraceIdHex(self.trace_id)
     }
-}
 
-/// `traceparent` form: `00-<trace-id>-<parent-id>-<flags>`.
-impl fmt::Display for TraceContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(ascii(&self.traceparent()))
-    }
-}
-
-impl TraceContext {
     /// The `traceparent` header value, `00-<trace-id>-<parent-id>-<flags>`
     /// (55 ASCII bytes), written without the formatting machinery: every
     /// API response carries one.
@@ -99,6 +90,13 @@ impl TraceContext {
         encode_hex(&self.parent_id, &mut out[36..52]);
         encode_hex(&[self.flags], &mut out[53..55]);
         out
+    }
+}
+
+/// `traceparent` form: `00-<trace-id>-<parent-id>-<flags>`.
+impl fmt::Display for TraceContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(ascii(&self.traceparent()))
     }
 }
 
