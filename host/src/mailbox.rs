@@ -22,15 +22,29 @@ use crate::host_bytes::{Held, Ledger, Refusal};
 use crate::key::Envelope;
 
 /// An envelope in the queue, with the bytes it holds.
+///
+/// Queued boxed: tokio's channel allocates its first block of 32 slots
+/// when it is made, and every live key has a mailbox, most of them empty
+/// (a call to an idle key runs inline, without it). Slots of 8 bytes
+/// instead of 80 save 2.3 KiB per live key, for one allocation per
+/// message that does wait in a mailbox.
 struct Mail {
     envelope: Envelope,
     _held: Held,
 }
 
+impl Mail {
+    /// The envelope, out of its box; its bytes are given back.
+    fn into_envelope(self: Box<Self>) -> Envelope {
+        let Mail { envelope, _held } = *self;
+        envelope
+    }
+}
+
 /// The sending side of a key's mailbox (cheap to clone).
 #[derive(Clone)]
 pub(crate) struct Mailbox {
-    tx: mpsc::Sender<Mail>,
+    tx: mpsc::Sender<Box<Mail>>,
     ledger: Arc<Ledger>,
 }
 
@@ -38,13 +52,13 @@ pub(crate) struct Mailbox {
 /// hold these, so a dead key's queue closes).
 #[derive(Clone)]
 pub(crate) struct WeakMailbox {
-    tx: mpsc::WeakSender<Mail>,
+    tx: mpsc::WeakSender<Box<Mail>>,
     ledger: Arc<Ledger>,
 }
 
 /// The key task's side.
 pub(crate) struct MailboxRx {
-    rx: mpsc::Receiver<Mail>,
+    rx: mpsc::Receiver<Box<Mail>>,
 }
 
 /// Why an envelope was not queued (dropped, except from a closed mailbox,
@@ -97,24 +111,24 @@ impl Mailbox {
     /// Queue `envelope` now with bytes already charged for it (a timer's tag).
     pub(crate) fn try_send_held(&self, envelope: Envelope, held: Held) -> Result<(), Refused> {
         self.tx
-            .try_send(Mail {
+            .try_send(Box::new(Mail {
                 envelope,
                 _held: held,
-            })
+            }))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => Refused::Full,
-                mpsc::error::TrySendError::Closed(mail) => Refused::Closed(mail.envelope),
+                mpsc::error::TrySendError::Closed(mail) => Refused::Closed(mail.into_envelope()),
             })
     }
 
     /// Queue `envelope`, waiting for room; its bytes are not charged (a stop
     /// order, which must not be refused). Hands it back if the key is gone.
     pub(crate) async fn send_uncharged(&self, envelope: Envelope) -> Result<(), Envelope> {
-        let mail = Mail {
+        let mail = Box::new(Mail {
             envelope,
             _held: Held::none(),
-        };
-        self.tx.send(mail).await.map_err(|e| e.0.envelope)
+        });
+        self.tx.send(mail).await.map_err(|e| e.0.into_envelope())
     }
 
     /// The ledger the mailbox charges (the key process's).
@@ -159,12 +173,14 @@ impl WeakMailbox {
 impl MailboxRx {
     /// Poll for the next envelope; its bytes are given back as it leaves.
     pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Envelope>> {
-        self.rx.poll_recv(cx).map(|m| m.map(|mail| mail.envelope))
+        self.rx
+            .poll_recv(cx)
+            .map(|m| m.map(|mail| mail.into_envelope()))
     }
 
     /// The next envelope, if one is waiting.
     pub(crate) fn try_recv(&mut self) -> Result<Envelope, mpsc::error::TryRecvError> {
-        self.rx.try_recv().map(|mail| mail.envelope)
+        self.rx.try_recv().map(|mail| mail.into_envelope())
     }
 
     /// Whether nothing is waiting.
@@ -175,5 +191,54 @@ impl MailboxRx {
     /// Refuse new messages; those queued can still be taken.
     pub(crate) fn close(&mut self) {
         self.rx.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every live key has a mailbox, and tokio allocates a mailbox's first
+    /// block of 32 slots when it is made, empty or not: a slot must stay one
+    /// pointer (2.6 KiB per key with the envelope inline; 0.3 KiB boxed).
+    #[test]
+    fn a_mailbox_slot_is_one_pointer() {
+        assert_eq!(
+            std::mem::size_of::<Box<Mail>>(),
+            std::mem::size_of::<usize>()
+        );
+        // What the box saves: the envelope and its charge inline.
+        assert!(std::mem::size_of::<Mail>() >= 64);
+    }
+
+    /// A queued envelope holds its bytes until it is taken out of its box;
+    /// one refused by a closed mailbox comes back, its bytes given back.
+    #[test]
+    fn a_closed_mailbox_hands_the_envelope_back_and_releases_its_bytes() {
+        let tenant = Ledger::tenant("t", 1 << 20);
+        let ledger = Ledger::key(&tenant, 1 << 20);
+        let (tx, mut rx) = channel(4, ledger.clone());
+        let cast = |m: &[u8]| Envelope::Cast {
+            message: m.to_vec(),
+            trace: None,
+        };
+        assert!(tx.try_send(cast(b"queued")).is_ok());
+        assert_eq!(
+            ledger.used(),
+            6 + crate::host_bytes::MESSAGE_OVERHEAD,
+            "a queued message holds its bytes"
+        );
+        match rx.try_recv() {
+            Ok(Envelope::Cast { message, .. }) => assert_eq!(message, b"queued"),
+            _ => panic!("the queued message did not come out"),
+        }
+        assert_eq!(ledger.used(), 0, "a taken message gives its bytes back");
+        drop(rx);
+        match tx.try_send(cast(b"hello")) {
+            Err(Refused::Closed(Envelope::Cast { message, .. })) => assert_eq!(message, b"hello"),
+            _ => panic!("a closed mailbox took the envelope"),
+        }
+        assert_eq!(ledger.used(), 0);
+        assert_eq!(tenant.used(), 0);
     }
 }
