@@ -35,8 +35,8 @@ struct Mail {
 
 impl Mail {
     /// The envelope, out of its box; its bytes are given back.
-    fn into_envelope(self: Box<Self>) -> Envelope {
-        let Mail { envelope, _held } = *self;
+    fn into_envelope(self) -> Envelope {
+        let Mail { envelope, _held } = self;
         envelope
     }
 }
@@ -117,7 +117,7 @@ impl Mailbox {
             }))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => Refused::Full,
-                mpsc::error::TrySendError::Closed(mail) => Refused::Closed(mail.into_envelope()),
+                mpsc::error::TrySendError::Closed(mail) => Refused::Closed((*mail).into_envelope()),
             })
     }
 
@@ -128,7 +128,7 @@ impl Mailbox {
             envelope,
             _held: Held::none(),
         });
-        self.tx.send(mail).await.map_err(|e| e.0.into_envelope())
+        self.tx.send(mail).await.map_err(|e| (*e.0).into_envelope())
     }
 
     /// The ledger the mailbox charges (the key process's).
@@ -175,12 +175,12 @@ impl MailboxRx {
     pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Envelope>> {
         self.rx
             .poll_recv(cx)
-            .map(|m| m.map(|mail| mail.into_envelope()))
+            .map(|m| m.map(|mail| (*mail).into_envelope()))
     }
 
     /// The next envelope, if one is waiting.
     pub(crate) fn try_recv(&mut self) -> Result<Envelope, mpsc::error::TryRecvError> {
-        self.rx.try_recv().map(|mail| mail.into_envelope())
+        self.rx.try_recv().map(|mail| (*mail).into_envelope())
     }
 
     /// Whether nothing is waiting.
