@@ -10,7 +10,7 @@
 //! 9 % more waking threads blocked on those locks, and dropped the stores in
 //! 1.6–2.1 s; mimalloc frees a block into its page without a lock and gives
 //! a page whose blocks were all freed by other threads back to its arena at
-//! once: 1.0–1.1 s (`docs/benchmarks.md`, "Issue 17, ninth pass").
+//! once: 0.9–1.2 s (`docs/benchmarks.md`, "Issue 17, ninth pass").
 //!
 //! Either allocator keeps freed pages for reuse: after a fence of 10 000
 //! keys glibc kept about 190 MiB resident that no key used, and mimalloc
