@@ -146,6 +146,12 @@ impl CompileWorker {
             .arg("--max-memory-per-key")
             .arg(self.max_memory_per_key.as_u64().to_string())
             .env("RUST_LOG", "error")
+            // mimalloc (the `mimalloc` feature) reserves address space 1 GiB
+            // at a time, which `--memory-limit` (the worker's `RLIMIT_AS`)
+            // counts: 32 MiB at a time keeps the limit a measure of what the
+            // compile uses (the default left a 512 MiB worker no room for its
+            // threads' stacks). Other allocators ignore it.
+            .env("MIMALLOC_ARENA_RESERVE", "32M")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
