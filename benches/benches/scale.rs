@@ -20,7 +20,9 @@
 //! `FIEF_BENCH_FULL=1` adds 100k keys and the max-keys search, which need a
 //! raised `vm.max_map_count`; `FIEF_SCALE_GUEST_THREADS=N` runs the nodes of
 //! the memory, fence and max-keys children with N guest threads (default:
-//! one per core). `docs/benchmarks.md` says how each figure is measured.
+//! one per core). `FIEF_SCALE_LOG=FILE` makes those children log as `fief node`
+//! does by default (`info`, text), into FILE. `docs/benchmarks.md` says how
+//! each figure is measured.
 
 mod common;
 
@@ -527,6 +529,17 @@ fn in_child(report: &mut Report, job: &str) {
 }
 
 fn child_main(job: &str) {
+    if let Some(path) = std::env::var_os("FIEF_SCALE_LOG") {
+        // The node's own default logging (`fief node`: `info`, text), so
+        // that a figure includes what its log lines cost in production.
+        let file = std::fs::File::create(&path)
+            .unwrap_or_else(|e| panic!("creating the log file {}: {e}", path.display()));
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .init();
+    }
     let mut words = job.split_whitespace();
     let what = words.next().unwrap_or_default();
     let n: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);

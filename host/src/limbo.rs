@@ -80,7 +80,11 @@ struct Entries {
 }
 
 impl Entries {
-    fn kill(&mut self, select: impl Fn(&Survivor) -> bool, reason: &str) -> Vec<Arc<KeyControl>> {
+    fn kill(
+        &mut self,
+        select: impl Fn(&Survivor) -> bool,
+        reason: &'static str,
+    ) -> Vec<Arc<KeyControl>> {
         let keys: Vec<_> = self
             .map
             .iter()
@@ -91,7 +95,7 @@ impl Entries {
             .into_iter()
             .filter_map(|k| self.map.remove(&k))
             .map(|s| {
-                s.control.kill(reason);
+                s.control.kill_one_of_many(reason);
                 s.control
             })
             .collect();

@@ -30,7 +30,7 @@ const MARK: usize = 64;
 
 /// What the test's runtime logged (INFO and above), as `fmt` lines.
 #[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -48,7 +48,7 @@ impl Captured {
     }
 
     /// The log from byte `from` on.
-    fn since(&self, from: usize) -> String {
+    pub(crate) fn since(&self, from: usize) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()[from..]).into_owned()
     }
 }
@@ -80,7 +80,7 @@ impl tracing::Subscriber for Undecided {
 
 /// Run `test` on a two-worker runtime whose every thread (and this one)
 /// logs into the capture it is given.
-fn run_captured<F: Future<Output = ()>>(test: impl FnOnce(Captured) -> F) {
+pub(crate) fn run_captured<F: Future<Output = ()>>(test: impl FnOnce(Captured) -> F) {
     static UNDECIDED: std::sync::Once = std::sync::Once::new();
     UNDECIDED.call_once(|| {
         // Another global subscriber would do as well, if one was set.
@@ -125,7 +125,7 @@ fn options(cpu_limit: Duration, lines_per_second: u32) -> ModuleOptions {
 }
 
 /// Lines of `log` that contain `text`.
-fn count(log: &str, text: &str) -> usize {
+pub(crate) fn count(log: &str, text: &str) -> usize {
     log.lines().filter(|l| l.contains(text)).count()
 }
 

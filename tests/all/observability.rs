@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fief_tests::{
-    HttpServer, NodeProcess, call_text, eventually_async, fief_binary, fief_cli, guests, node_with,
+    HttpServer, NodeProcess, call_text, eventually, eventually_async, fief_binary, fief_cli,
+    guests, node_with,
 };
 
 use fief_tests::metric_value as metric;
@@ -380,4 +381,43 @@ async fn inline_calls_stay_on_and_are_in_the_event_log() {
         vec![("ada".to_owned(), MessageKind::Call); CALLS],
         "every routed call is a Processing event"
     );
+}
+
+/// A fence of many keys is logged once, with its count (the node's `node
+/// fenced ... killed=N` line), and each key's end at `debug` only: a fence
+/// of 100 000 keys once wrote 100 000 `key killed` lines at `info`. A key an
+/// operator kills alone keeps its own line.
+#[test]
+fn a_fence_is_one_log_line_with_its_count_and_an_operators_kill_its_own() {
+    use crate::hostile_logs::{count, run_captured};
+    run_captured(|log| async move {
+        let node = node_with(&[("counter", guests::COUNTER)]).await;
+        for i in 0..20 {
+            node.call("counter", &format!("k{i}"), b"get".to_vec())
+                .await
+                .expect("activating a key");
+        }
+        assert!(node.kill_key("counter", "k0"), "k0 was live");
+        eventually(Duration::from_secs(10), "k0's end is logged", || {
+            count(&log.since(0), "key killed") == 1
+        })
+        .await;
+        node.fence_now();
+        eventually(Duration::from_secs(10), "every key has ended", || {
+            node.status().live_keys == 0
+        })
+        .await;
+        // The fence's line is written before its keys end.
+        let text = log.since(0);
+        let killed: Vec<&str> = text.lines().filter(|l| l.contains("key killed")).collect();
+        assert!(
+            killed.len() == 1 && killed[0].contains("k0") && killed[0].contains("operator"),
+            "only the operator's kill has a line of its own:\n{text}"
+        );
+        let fenced: Vec<&str> = text.lines().filter(|l| l.contains("node fenced")).collect();
+        assert!(
+            fenced.len() == 1 && fenced[0].contains("killed=19"),
+            "the fence is one line with its count:\n{text}"
+        );
+    });
 }

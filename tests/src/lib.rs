@@ -727,7 +727,7 @@ pub mod multiprocess {
         pub node_id: String,
         /// `http://127.0.0.1:<port>`: the HTTP API.
         pub url: String,
-        /// The log file (`RUST_LOG=info`).
+        /// The log file (`RUST_LOG=info`, and `debug` for the key tasks).
         pub log: PathBuf,
         client: reqwest::Client,
     }
@@ -774,7 +774,10 @@ pub mod multiprocess {
             }
             let child = command
                 .args(&spec.extra_args)
-                .env("RUST_LOG", "info")
+                // A key's end is logged by its task, at `debug` when the key
+                // was one of many killed at once (a fence's): the tests read
+                // those lines too.
+                .env("RUST_LOG", "info,fief::key::task=debug")
                 .env("NO_COLOR", "1")
                 .env_remove("FIEF_CONFIG")
                 .stdin(Stdio::null())

@@ -72,6 +72,14 @@ pub(crate) use slot::ModuleSlot;
 
 pub(crate) use storage::Output;
 
+/// Why a key process was killed: a fixed sentence (no allocation at a kill,
+/// however many keys it kills), and whether it was one of many.
+#[derive(Clone, Copy, Debug)]
+struct KillReason {
+    why: &'static str,
+    one_of_many: bool,
+}
+
 /// The kill switch of one key process.
 ///
 /// The key's task learns of a kill or a fence order through `changed`, which
@@ -80,7 +88,7 @@ pub(crate) use storage::Output;
 /// message costs no waiter registration and no lock here.
 pub(crate) struct KeyControl {
     killed: AtomicBool,
-    reason: Mutex<Option<String>>,
+    reason: Mutex<Option<KillReason>>,
     /// Notified when `killed` or `fence_order` is set.
     changed: Notify,
     /// Set at the fence for `continue`/`callback` keys: the process lives on
@@ -226,14 +234,34 @@ impl KeyControl {
         let mut rx = self.exited.subscribe();
         let _ = rx.wait_for(|exited| *exited).await;
     }
-    /// Set the kill flag. The caller bumps the engine epoch afterwards so a
-    /// running guest notices at once. Returns false if it was already killed.
-    pub(crate) fn kill(&self, reason: &str) -> bool {
+    /// Set the kill flag: this key alone is killed (an operator's kill, a
+    /// deadline of its own), and its end is logged as its own line. The
+    /// caller bumps the engine epoch afterwards so a running guest notices at
+    /// once. Returns false if it was already killed.
+    pub(crate) fn kill(&self, reason: &'static str) -> bool {
+        self.kill_for(KillReason {
+            why: reason,
+            one_of_many: false,
+        })
+    }
+
+    /// [`kill`](Self::kill), as one of many keys killed at once (a fence, a
+    /// move, an undeploy, a shutdown): whoever kills them logs one line with
+    /// the count, and each key's end is logged at `debug` only (the fence of
+    /// 100 000 keys wrote 100 000 lines at `info`).
+    pub(crate) fn kill_one_of_many(&self, reason: &'static str) -> bool {
+        self.kill_for(KillReason {
+            why: reason,
+            one_of_many: true,
+        })
+    }
+
+    fn kill_for(&self, reason: KillReason) -> bool {
         let mut slot = lock(&self.reason);
         if self.killed.swap(true, Ordering::SeqCst) {
             return false;
         }
-        *slot = Some(reason.to_owned());
+        *slot = Some(reason);
         drop(slot);
         self.changed.notify_waiters();
         true
@@ -243,8 +271,15 @@ impl KeyControl {
         self.killed.load(Ordering::SeqCst)
     }
 
-    fn reason(&self) -> Option<String> {
-        lock(&self.reason).clone()
+    /// Why the key was killed, if it was.
+    fn reason(&self) -> Option<&'static str> {
+        lock(&self.reason).map(|r| r.why)
+    }
+
+    /// Whether the key was killed as one of many (see
+    /// [`kill_one_of_many`](Self::kill_one_of_many)).
+    fn killed_with_many(&self) -> bool {
+        lock(&self.reason).is_some_and(|r| r.one_of_many)
     }
 
     /// Resolves once the key is killed.

@@ -519,12 +519,16 @@ impl ModuleSlot {
     }
 
     /// Kill every live key whose partition `select` accepts. Returns how many.
-    pub(crate) fn kill_where(&self, reason: &str, select: impl Fn(PartitionId) -> bool) -> usize {
+    pub(crate) fn kill_where(
+        &self,
+        reason: &'static str,
+        select: impl Fn(PartitionId) -> bool,
+    ) -> usize {
         let keys = lock(&self.keys);
         keys.iter()
             .map(|(_, h)| h)
             .filter(|h| select(h.partition))
-            .filter(|h| h.control.kill(reason))
+            .filter(|h| h.control.kill_one_of_many(reason))
             .count()
     }
 
@@ -581,7 +585,7 @@ impl ModuleSlot {
         drop(keys);
         doomed
             .iter()
-            .filter(|control| control.kill("the node fenced"))
+            .filter(|control| control.kill_one_of_many("the node fenced"))
             .count()
     }
 
@@ -591,13 +595,13 @@ impl ModuleSlot {
     }
 
     /// Kill one key. Returns whether it was live.
-    pub(crate) fn kill(&self, key: &str, reason: &str) -> bool {
+    pub(crate) fn kill(&self, key: &str, reason: &'static str) -> bool {
         self.kill_generation(key, reason).is_some()
     }
 
     /// [`kill`](Self::kill), returning the killed process's generation (for
     /// [`holds_generation`](Self::holds_generation)) if it was live.
-    pub(crate) fn kill_generation(&self, key: &str, reason: &str) -> Option<u64> {
+    pub(crate) fn kill_generation(&self, key: &str, reason: &'static str) -> Option<u64> {
         lock(&self.keys)
             .peek(key)
             .filter(|h| h.control.kill(reason))

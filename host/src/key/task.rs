@@ -327,7 +327,7 @@ async fn drive_key(
         let fenced = control.is_survivor() || !services.may_act();
         if fenced {
             if env.on_fence == OnFence::Terminate {
-                control.kill("the node is fenced");
+                control.kill_one_of_many("the node is fenced");
                 envelope.fail(Error::Fenced);
                 break Exit::Killed;
             }
@@ -417,7 +417,9 @@ async fn drive_key(
     // Counted and logged before anyone hears of the end: a caller that
     // reads the metrics or the log once answered finds this process's end
     // in them.
-    let why = match &exit {
+    // Made only when said: most ends (a fence's, an eviction's) say it to
+    // no one.
+    let why = || match &exit {
         Exit::Killed => format!("killed: {}", control.reason().unwrap_or_default()),
         Exit::Died(why) => why.clone(),
         Exit::StartFailed(error) => error.to_string(),
@@ -426,7 +428,7 @@ async fn drive_key(
     match &exit {
         Exit::Killed => services.metrics.killed(
             &slot.name,
-            crate::metrics::kill_cause(control.reason().as_deref(), None),
+            crate::metrics::kill_cause(control.reason(), None),
         ),
         Exit::Died(why) => services
             .metrics
@@ -434,12 +436,18 @@ async fn drive_key(
         Exit::StartFailed(_) | Exit::Stopped | Exit::Retired => {}
     }
     match &exit {
-        Exit::Killed => {
-            tracing::info!(module = %slot.name, key = %key, reason = %why, "key killed")
+        // One of many killed at once: its killer logged the count.
+        Exit::Killed if control.killed_with_many() => {
+            tracing::debug!(module = %slot.name, key = %key, reason = %why(), "key killed")
         }
-        Exit::Died(_) => tracing::warn!(module = %slot.name, key = %key, reason = %why, "key died"),
+        Exit::Killed => {
+            tracing::info!(module = %slot.name, key = %key, reason = %why(), "key killed")
+        }
+        Exit::Died(_) => {
+            tracing::warn!(module = %slot.name, key = %key, reason = %why(), "key died")
+        }
         Exit::StartFailed(_) => {
-            tracing::warn!(module = %slot.name, key = %key, error = %why, "key failed to start")
+            tracing::warn!(module = %slot.name, key = %key, error = %why(), "key failed to start")
         }
         Exit::Stopped | Exit::Retired => {
             tracing::debug!(module = %slot.name, key = %key, "key stopped")
@@ -453,7 +461,7 @@ async fn drive_key(
     while let Ok(envelope) = rx.try_recv() {
         envelope.fail(match &exit {
             Exit::StartFailed(error) => error.clone(),
-            _ => Error::KeyDied(format!("{why}; the message was not processed, retry")),
+            _ => Error::KeyDied(format!("{}; the message was not processed, retry", why())),
         });
     }
 }

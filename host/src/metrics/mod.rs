@@ -97,6 +97,24 @@ struct CallSeries {
     served: StripedU64,
 }
 
+/// The causes [`kill_cause`] gives, and the key's idle end: the causes of
+/// `fief_key_kills_total` whose counters a module finds without a lookup.
+const KILL_CAUSES: [&str; 9] = [
+    "fence",
+    "moved",
+    "operator",
+    "shutdown",
+    "other",
+    "cpu_limit",
+    "memory_limit",
+    "trap",
+    "idle",
+];
+
+/// One module's kill counters, indexed as [`KILL_CAUSES`], each made at its
+/// first kill.
+type KillSeries = [std::sync::OnceLock<Counter>; KILL_CAUSES.len()];
+
 /// A node's counters and histograms (gauges are read at scrape time).
 pub(crate) struct Metrics {
     registry: Registry,
@@ -137,7 +155,9 @@ pub(crate) struct Metrics {
     /// the calls it served here (local and for peers) for the dashboard's
     /// call rates.
     /// Read on every call without a lock; a module's series are added once.
-    call_series: arc_swap::ArcSwap<std::collections::HashMap<String, Arc<CallSeries>>>,
+    call_series: SeriesMap<CallSeries>,
+    /// Each module's kill counters (see [`Metrics::killed`]).
+    kill_series: SeriesMap<KillSeries>,
 }
 
 /// Gauges, set from the node's [`Readings`] by [`Metrics::render`].
@@ -463,6 +483,7 @@ impl Metrics {
             topics,
             gauges,
             call_series: arc_swap::ArcSwap::default(),
+            kill_series: arc_swap::ArcSwap::default(),
         }
     }
 
@@ -523,9 +544,24 @@ impl Metrics {
     }
 
     /// A key process of `module` ended for `cause` (see [`kill_cause`]).
+    ///
+    /// A fence ends every key at once: each cause's counter is found once
+    /// per module, then with no allocation, hashing of label sets or lock
+    /// (these were 1.6 % of the guest threads' time in a fence of 100 000
+    /// keys).
     pub(crate) fn killed(&self, module: &str, cause: &'static str) {
-        self.kills
-            .get_or_create(&[("module", module.to_owned()), ("cause", cause.to_owned())])
+        let labels = || [("module", module.to_owned()), ("cause", cause.to_owned())];
+        let Some(at) = KILL_CAUSES.iter().position(|c| *c == cause) else {
+            self.kills.get_or_create(&labels()).inc();
+            return;
+        };
+        let known = self.kill_series.load();
+        let series = match known.get(module) {
+            Some(series) => series.clone(),
+            None => add_series(&self.kill_series, module, KillSeries::default()),
+        };
+        series[at]
+            .get_or_init(|| self.kills.get_or_create(&labels()).clone())
             .inc();
     }
 
@@ -569,7 +605,7 @@ impl Metrics {
                 ])
                 .clone()
         };
-        let series = Arc::new(CallSeries {
+        let series = CallSeries {
             ok: routes.map(|r| counter(r, "ok")),
             error: routes.map(|r| counter(r, "error")),
             seconds: routes.map(|r| {
@@ -578,17 +614,8 @@ impl Metrics {
                     .clone()
             }),
             served: StripedU64::default(),
-        });
-        let mut kept = series.clone();
-        self.call_series.rcu(|known| {
-            let mut known = std::collections::HashMap::clone(known);
-            kept = known
-                .entry(module.to_owned())
-                .or_insert_with(|| series.clone())
-                .clone();
-            known
-        });
-        kept
+        };
+        add_series(&self.call_series, module, series)
     }
 
     /// `n` handoff states went through `event` (see the series' help).
@@ -702,6 +729,25 @@ impl Metrics {
     }
 }
 
+/// Per-module series, found with one lock-free lookup.
+type SeriesMap<S> = arc_swap::ArcSwap<std::collections::HashMap<String, Arc<S>>>;
+
+/// Add `series` as `module`'s in `map`, or take the ones a concurrent first
+/// use added.
+fn add_series<S>(map: &SeriesMap<S>, module: &str, series: S) -> Arc<S> {
+    let series = Arc::new(series);
+    let mut kept = series.clone();
+    map.rcu(|known| {
+        let mut known = std::collections::HashMap::clone(known);
+        kept = known
+            .entry(module.to_owned())
+            .or_insert_with(|| series.clone())
+            .clone();
+        known
+    });
+    kept
+}
+
 /// A short label for a fence cause (the causes `NodeShared::fence` is given);
 /// an unknown cause is kept as it is.
 fn fence_cause(cause: &str) -> String {
@@ -748,6 +794,47 @@ pub(crate) fn kill_cause(killed_for: Option<&str>, died_of: Option<&str>) -> &'s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kills_are_counted_by_module_and_cause() {
+        let m = Metrics::new();
+        for (module, cause) in [
+            ("a", "fence"),
+            ("a", "fence"),
+            ("a", "trap"),
+            ("b", "fence"),
+            ("a", "a cause not listed"),
+        ] {
+            m.killed(module, cause);
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).expect("encoded");
+        for (series, n) in [
+            (r#"fief_key_kills_total{module="a",cause="fence"}"#, 2),
+            (r#"fief_key_kills_total{module="a",cause="trap"}"#, 1),
+            (r#"fief_key_kills_total{module="b",cause="fence"}"#, 1),
+            (
+                r#"fief_key_kills_total{module="a",cause="a cause not listed"}"#,
+                1,
+            ),
+        ] {
+            assert!(
+                text.contains(&format!("{series} {n}\n")),
+                "{series} {n}:\n{text}"
+            );
+        }
+        // Every cause a key's end is given has its counter found by index.
+        for reason in [
+            "the node fenced",
+            "the partition moved",
+            "killed by an operator",
+        ] {
+            assert!(KILL_CAUSES.contains(&kill_cause(Some(reason), None)));
+        }
+        for death in ["CPU limit", "memory limit", "a trap"] {
+            assert!(KILL_CAUSES.contains(&kill_cause(None, Some(death))));
+        }
+    }
 
     #[test]
     fn causes_get_short_labels() {

@@ -277,6 +277,7 @@ impl NodeShared {
         }
         if killed > 0 {
             self.runtime.engine.increment_epoch();
+            tracing::info!(node = %self.node_id, killed, "keys of partitions now owned elsewhere were killed");
         }
     }
 }

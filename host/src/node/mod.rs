@@ -181,6 +181,15 @@ impl std::ops::Deref for NodeShared {
 }
 
 impl NodeShared {
+    /// Kill every live key of every module, as one of many (their ends are
+    /// logged at `debug`: the caller logs the count). Returns how many.
+    fn kill_every_key(&self, reason: &'static str) -> usize {
+        self.slots()
+            .iter()
+            .map(|slot| slot.kill_where(reason, |_| true))
+            .sum()
+    }
+
     /// Renewals the current lease has settled (for the metrics).
     pub(crate) fn renewal_counts(&self) -> fief_core::RenewalCounts {
         lock(&self.membership).renewal_counts()
@@ -589,9 +598,8 @@ impl Instance {
         if let Some(server) = &self.peer_server {
             server.abort();
         }
-        for slot in self.shared.slots() {
-            slot.kill_where("the node crashed", |_| true);
-        }
+        let killed = self.shared.kill_every_key("the node crashed");
+        tracing::warn!(node = %self.shared.node_id, killed, "node crashed: its keys were killed");
         self.shared.limbo.kill_all().await;
         self.shared.runtime.engine.increment_epoch();
         self.shared.tasks.close();
@@ -626,10 +634,9 @@ impl Instance {
             .await
             .is_err()
         {
-            for slot in self.shared.slots() {
-                slot.kill_where("the node is shutting down", |_| true);
-            }
+            let killed = self.shared.kill_every_key("the node is shutting down");
             self.shared.runtime.engine.increment_epoch();
+            tracing::info!(node = %self.shared.node_id, killed, "keys that did not stop within 1 s were killed");
         }
         // Survivors die with the instance (after the drain, which does not
         // touch limbo).
