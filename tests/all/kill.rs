@@ -79,6 +79,50 @@ async fn a_spinning_key_is_killed_and_its_caller_is_told_why() {
     assert_killed(ended(spinning).await);
 }
 
+/// A guest killed mid-callback on its key's task traps at its next epoch
+/// check, and its callback ends with that trap in the same poll that saw
+/// the kill (unless the kill came while it was between two slices): the
+/// end is still a kill
+/// (an `info` "key killed" line naming the operator, counted with cause
+/// `operator`), not a guest failure (a `warn` "key died" line counted as a
+/// `trap`), which a dashboard would show as a crashing module.
+#[test]
+fn a_key_killed_mid_callback_is_logged_and_counted_as_a_kill() {
+    use crate::hostile_logs::{count, run_captured};
+    run_captured(|log| async move {
+        let node = spin_node().await;
+        // A cast runs on the key's own task (a call would run inline on
+        // its caller's, whose kill takes another path).
+        node.cast("spin", "s", b"spin-after-call probe marker-cast".to_vec())
+            .expect("the cast is queued");
+        eventually(
+            Duration::from_secs(10),
+            "the spinner reaches its loop",
+            || is_live(&node, "probe", "marker-cast"),
+        )
+        .await;
+        assert!(node.kill_key("spin", "s"), "the spinner was live");
+        eventually(Duration::from_secs(10), "the key ended", || {
+            !is_live(&node, "spin", "s")
+        })
+        .await;
+        let text = log.since(0);
+        assert!(
+            count(&text, "key died") == 0
+                && text
+                    .lines()
+                    .any(|l| l.contains("key killed") && l.contains("operator")),
+            "the spinner's end is a kill:\n{text}"
+        );
+        let metrics = node.metrics_text().await;
+        assert!(
+            metrics.contains(r#"fief_key_kills_total{module="spin",cause="operator"} 1"#)
+                && !metrics.contains(r#"fief_key_kills_total{module="spin",cause="trap"}"#),
+            "{metrics}"
+        );
+    });
+}
+
 /// Guarantee 4: a message queued for a key that dies is answered with an
 /// error, not replayed into the next process. A call waits in the spinner's
 /// mailbox; the kill answers it (and the spinning call) with the key's

@@ -388,6 +388,15 @@ async fn drive_key(
             }
         }
     };
+    // A guest that traps at its epoch check because it was killed (by the
+    // kill's epoch bump, or by itself finding the node fenced) ends its
+    // callback with that death in the same poll that noticed it, before the
+    // kill flag is looked at: it was killed, and is counted and logged as a
+    // kill (one of many or on its own), not as a guest failure.
+    let exit = match exit {
+        Exit::Died(_) if control.is_killed() => Exit::Killed,
+        exit => exit,
+    };
     // Drop the store (and with it the instance, its timers and its
     // subscriptions) before the key can be activated again. An inline call
     // still holding the process ends soon: a kill interrupts it, and any

@@ -8,6 +8,7 @@
 //! | call `spin`            | loops forever                                               |
 //! | call `burn <turns>`    | loops `turns` times (bounded work), then replies `burnt`    |
 //! | call `spin-after-call <module> <key>` | host-calls that key with `ping` (5 s timeout), then loops forever |
+//! | cast `spin-after-call <module> <key>` | the same, on the key's own task (a cast is never served inline) |
 //! | `handle-fence`         | loops forever (misses every fence deadline)                 |
 //! | `init`                 | loops forever if the key starts with `spin-init`            |
 //!
@@ -67,6 +68,17 @@ impl Key for Spin {
             "spin: unknown message {text:?}; expected ping, spin, burn <turns>, \
              spin-after-call <module> <key>"
         ))
+    }
+
+    fn handle_cast(&mut self, message: Vec<u8>) {
+        let text = String::from_utf8_lossy(&message);
+        if let Some((module, key)) = text
+            .strip_prefix("spin-after-call ")
+            .and_then(|target| target.split_once(' '))
+        {
+            black_box(host::call(module, key, b"ping", Duration::from_secs(5)).ok());
+            spin_forever();
+        }
     }
 
     fn handle_fence(&mut self, _deadline_ms: u32) -> FenceDecision {
