@@ -12,7 +12,8 @@
 //!   the cap only the cap is kept (the rest is counted, not stored), so a
 //!   huge write without a newline costs at most [`MAX_LOG_LINE`] bytes of
 //!   host memory per stream.
-//! - **A rate per key**, shared by the three: two token buckets, lines
+//! - **A rate per key**, shared by the three and by the host's warnings
+//!   about what the key did ([`GuestLogger::host_warning`]): two token buckets, lines
 //!   (`max_log_lines_per_second`) and bytes (`max_log_bytes_per_second`),
 //!   each with a burst of [`LOG_BURST_SECONDS`] seconds' worth (their
 //!   defaults and ceilings are configuration's, `config/module.rs`). A line
@@ -260,6 +261,25 @@ impl GuestLogger {
         let mut state = lock(&self.state);
         if self.admit(&mut state, line.len(), Instant::now()) {
             self.emit(level, None, &line, state.trace);
+        }
+    }
+
+    /// A host warning this key's doing caused (a timer of its dropped at a
+    /// full mailbox, an output held for its commit dropped): a `warn` line
+    /// of target `fief::key` naming the module and key, under the key's log
+    /// rate like its own lines, so a guest cannot flood the node's log
+    /// through the host either (a key arming thousands of timers while its
+    /// mailbox is full wrote a line per timer). Dropped lines are counted
+    /// and noted as the guest's are.
+    pub(crate) fn host_warning(&self, text: std::fmt::Arguments<'_>) {
+        if !tracing::enabled!(target: "fief::key", tracing::Level::WARN) {
+            return;
+        }
+        let text = text.to_string();
+        let mut state = lock(&self.state);
+        if self.admit(&mut state, text.len(), Instant::now()) {
+            let (module, key) = (&*self.module, &*self.key);
+            tracing::warn!(target: "fief::key", module, key, "{text}");
         }
     }
 

@@ -802,13 +802,15 @@ pub(crate) fn reserve_timer(
 /// Arm timer `id`, reserved with [`reserve_timer`].
 pub(crate) fn spawn_timer(ctx: &mut KeyCtx, id: u64, delay: Duration, tag: Vec<u8>, held: Held) {
     let mailbox = ctx.env.mailbox.clone();
-    let (module, key) = (ctx.env.module.clone(), ctx.env.key.clone());
+    let log = ctx.log.clone();
     let task = tokio::spawn(async move {
         tokio::time::sleep(delay).await;
         let Some(tx) = mailbox.upgrade() else { return };
         let fired = Envelope::Info(Info::Timer(TimerFired { id, tag }));
         if tx.try_send_held(fired, held).is_err() {
-            tracing::warn!(%module, %key, timer = id, "timer dropped: the key's mailbox is full");
+            log.host_warning(format_args!(
+                "timer {id} dropped: the key's mailbox is full"
+            ));
         }
     });
     ctx.timers.insert(id, task.abort_handle());

@@ -293,8 +293,10 @@ impl super::KeyCtx {
         let (services, node) = match self.gate_node() {
             Ok(gated) => gated,
             Err(e) => {
-                tracing::warn!(module = %self.env.module, key = %self.env.key,
-                    "{} outputs dropped after their commit: {e}", outputs.len());
+                self.log.host_warning(format_args!(
+                    "{} outputs dropped after their commit: {e}",
+                    outputs.len()
+                ));
                 return;
             }
         };
@@ -308,8 +310,9 @@ impl super::KeyCtx {
                 } => {
                     let cast = || node.clone().cast_key(&module, &key, message);
                     if let Err(e) = crate::trace::sync_scope(trace, cast) {
-                        tracing::warn!(from = %self.env.module, %module, %key,
-                            "a cast held for its commit was dropped: {e}");
+                        self.log.host_warning(format_args!(
+                            "a cast to {module}/{key} held for its commit was dropped: {e}"
+                        ));
                     }
                 }
                 Output::Connection(send) => {

@@ -326,7 +326,7 @@ impl Metrics {
         );
         r.register(
             "guest_log_lines_dropped",
-            "Guest log lines (log import, stdout, stderr) dropped by a key's log rate limit (max_log_lines_per_second, max_log_bytes_per_second), by module",
+            "Guest log lines (log import, stdout, stderr), and the host's warnings about a key, dropped by the key's log rate limit (max_log_lines_per_second, max_log_bytes_per_second), by module",
             guest_log_dropped.clone(),
         );
         r.register(
