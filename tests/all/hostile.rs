@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use fief::config::ByteSize;
 use fief::core::OnFence;
-use fief::{Error, Instance, ModuleOptions};
+use fief::{Error, Instance, ModuleOptions, NodeConfig};
 use fief_tests::{call_text, eventually, eventually_async, guests, is_live, test_config};
 
 use crate::fence_modes::{Lives, PATIENCE, in_limbo, local_ok, observed_node, steady_config};
@@ -35,8 +35,13 @@ pub(crate) fn hostile_options() -> ModuleOptions {
 
 /// A node with `hostile` (with `options`) and a well-behaved `probe`.
 pub(crate) async fn node(options: ModuleOptions) -> Arc<Instance> {
+    node_with_config(test_config(), options).await
+}
+
+/// [`node`], with `config`.
+pub(crate) async fn node_with_config(config: NodeConfig, options: ModuleOptions) -> Arc<Instance> {
     let node = fief_tests::node_with_options(
-        test_config(),
+        config,
         &[
             ("hostile", guests::HOSTILE, options),
             ("probe", guests::PROBE, ModuleOptions::default()),

@@ -19,7 +19,7 @@ use fief::{Error, ModuleOptions};
 use fief_tests::{HttpServer, eventually, guests, is_live};
 
 use crate::fence_modes::{Lives, PATIENCE, observed_node, steady_config};
-use crate::hostile::{during, hostile_options, node, stop};
+use crate::hostile::{during, hostile_options, node_with_config, stop};
 
 /// The most one attack may add to the node's log here: a cut line (8 KiB
 /// and its mark) and the node's own few lines, with room to spare.
@@ -115,6 +115,18 @@ pub(crate) fn run_captured<F: Future<Output = ()>>(test: impl FnOnce(Captured) -
 
 /// The hostile module's options for these tests: room for its 30–60 MB
 /// strings (128 MiB of memory) and the test's own log rate.
+/// A node with `hostile` (with `options`) and `probe`, whose calls wait up
+/// to [`PATIENCE`]: pushing 40 MB through a guest's stdout, or a 30 MB
+/// error through the host, takes a debug build seconds on a loaded machine
+/// (the default 5 s timed out under `stress-ng --cpu 6`).
+async fn node(options: ModuleOptions) -> Arc<fief::Instance> {
+    let config = fief::NodeConfig {
+        call_timeout: PATIENCE,
+        ..fief_tests::test_config()
+    };
+    node_with_config(config, options).await
+}
+
 fn options(cpu_limit: Duration, lines_per_second: u32) -> ModuleOptions {
     ModuleOptions {
         memory_limit: ByteSize::mib(128),
@@ -411,18 +423,24 @@ fn a_huge_init_refusal_is_bounded_in_the_reply_and_the_log() {
 fn a_huge_fence_stop_reason_is_cut_where_it_enters_the_host() {
     run_captured(|log| async move {
         let lives = Lives::default();
+        // Room for a deadline of 10 s inside the fence margin.
+        let config = fief::NodeConfig {
+            fence_margin: Duration::from_secs(15),
+            ..steady_config()
+        };
         let node = observed_node(
-            steady_config(),
+            config,
             &lives,
             &[(
                 "hostile",
                 guests::HOSTILE,
                 ModuleOptions {
                     on_fence: OnFence::Callback,
-                    // Building the 30 MB reason takes the guest a while on
-                    // a loaded machine: the default 50 ms deadline killed it
-                    // before it answered (under a load average of 7-8).
-                    handle_fence_deadline: Duration::from_secs(1),
+                    // Handing the host the 30 MB reason takes a while on a
+                    // loaded machine: the default 50 ms deadline killed the
+                    // key before it answered (under a load average of 7-8),
+                    // and 1 s did under `stress-ng --cpu 6`.
+                    handle_fence_deadline: Duration::from_secs(10),
                     ..options(Duration::from_secs(5), 100)
                 },
             )],
