@@ -171,7 +171,7 @@ pub(super) async fn serve_inline(
     // key's task has dropped the store and removed the entry, so a caller
     // that retries at once starts a fresh process instead of finding the
     // ending one (as a death in the key's task answers, see `LastWord`).
-    if control.death().is_some() || control.start_error().is_some() {
+    if control.has_failed() {
         control.exited().await;
     }
     reply

@@ -117,6 +117,9 @@ pub(crate) struct KeyControl {
     /// `inline.rs`, `run_activation`): the key's task fails its queued
     /// messages with it.
     start_error: Mutex<Option<Error>>,
+    /// Set once `death` or `start_error` is: read on every inline call's
+    /// end without taking either lock.
+    failed: AtomicBool,
     /// Inline calls so far (the idle timeout counts them as messages).
     inline_calls: AtomicU64,
     /// Set by the epoch callback when an inline call used its first slice:
@@ -179,6 +182,7 @@ impl Default for KeyControl {
             has_orphan: AtomicBool::new(false),
             death: Mutex::new(None),
             start_error: Mutex::new(None),
+            failed: AtomicBool::new(false),
             inline_calls: AtomicU64::new(0),
             demote: AtomicBool::new(false),
             evict: AtomicU8::new(0),
@@ -322,6 +326,7 @@ impl KeyControl {
     /// The process died during an inline call (its store is dropped).
     fn died(&self, why: String) {
         lock(&self.death).get_or_insert(why);
+        self.failed.store(true, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
 
@@ -332,11 +337,18 @@ impl KeyControl {
     /// The process's start failed with `error`.
     fn start_failed(&self, error: Error) {
         lock(&self.start_error).get_or_insert(error);
+        self.failed.store(true, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
 
     fn start_error(&self) -> Option<Error> {
         lock(&self.start_error).clone()
+    }
+
+    /// Whether the process died during an inline call or its start failed
+    /// ([`death`](Self::death) or [`start_error`](Self::start_error) is set).
+    fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
     }
 
     /// Count an inline call (for the idle timeout).

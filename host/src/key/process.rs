@@ -549,8 +549,12 @@ impl KeyProcess {
     /// cast's): its log lines and its calls carry it.
     fn set_trace(&mut self, trace: Option<TraceContext>) {
         let ctx = self.store.data_mut();
-        ctx.trace = trace;
-        ctx.log.set_trace(trace);
+        // The logger's copy is only ever set here: unchanged (no trace, call
+        // after call), it is not locked for (two locks per warm call).
+        if ctx.trace != trace {
+            ctx.trace = trace;
+            ctx.log.set_trace(trace);
+        }
     }
 
     fn death(&mut self, error: &wasmtime::Error) -> Death {

@@ -208,13 +208,17 @@ async fn drive_key(
             drop(held.take());
             let _ = reply.send(result);
         }
-        if let Some(error) = control.start_error() {
+        if control.has_failed()
+            && let Some(error) = control.start_error()
+        {
             break Exit::StartFailed(error);
         }
         if control.is_killed() {
             break Exit::Killed;
         }
-        if let Some(why) = control.death() {
+        if control.has_failed()
+            && let Some(why) = control.death()
+        {
             break Exit::Died(why);
         }
         if let Some(orphan) = control.take_orphan() {

@@ -730,7 +730,8 @@ impl Metrics {
 }
 
 /// Per-module series, found with one lock-free lookup.
-type SeriesMap<S> = arc_swap::ArcSwap<std::collections::HashMap<String, Arc<S>>>;
+type SeriesMap<S> =
+    arc_swap::ArcSwap<std::collections::HashMap<String, Arc<S>, foldhash::fast::RandomState>>;
 
 /// Add `series` as `module`'s in `map`, or take the ones a concurrent first
 /// use added.
