@@ -18,7 +18,7 @@
 //! | `reply <n>`              | replies `n` bytes of `x`                                    |
 //! | `timers`                 | arms 1-hour timers until refused; replies `<count> <error>` |
 //! | `big-timers <n>`         | arms 1-hour timers with `n`-byte tags until refused; replies `<count> <error>` |
-//! | `timer-flood <n>`        | arms `n` 0 ms timers tagged `dropped`, then blocks 300 ms (its mailbox fills, the rest are dropped); replies how many it armed |
+//! | `timer-flood <n>`        | arms `n` 0 ms timers tagged `dropped`, then blocks 1 s (its mailbox fills, the rest are dropped); replies how many it armed |
 //! | `sleep <ms>`             | blocks (a WASI pollable, no CPU) for `ms` milliseconds; replies `slept` |
 //! | `publish-flood`          | publishes to `hostile:flood` until refused; replies `<count> <error>` |
 //! | `call-self`              | calls itself; replies `error: <CallError>` or the reply      |
@@ -251,7 +251,7 @@ impl Key for Hostile {
                 while armed < n && host::send_after(Duration::ZERO, b"dropped").is_ok() {
                     armed += 1;
                 }
-                wasip2::clocks::monotonic_clock::subscribe_duration(300_000_000).block();
+                wasip2::clocks::monotonic_clock::subscribe_duration(1_000_000_000).block();
                 armed.to_string().into_bytes()
             }
             // Block (not spin) for `args` milliseconds: the key is busy and
