@@ -149,6 +149,17 @@ async fn an_unknown_module_is_refused() {
     assert_eq!(err, Error::UnknownModule("nosuch".to_owned()));
     let err = node.cast("nosuch", "alice", b"get".to_vec()).unwrap_err();
     assert_eq!(err, Error::UnknownModule("nosuch".to_owned()));
+    // A client's made-up module names leave nothing behind: each used to
+    // add metric series of its own, without bound.
+    for i in 0..50 {
+        let name = format!("made-up-{i}");
+        assert!(node.call(&name, "alice", b"get".to_vec()).await.is_err());
+    }
+    let metrics = node.metrics_text().await;
+    assert!(
+        !metrics.contains("nosuch") && !metrics.contains("made-up-"),
+        "{metrics}"
+    );
     still_serves(&node).await;
     node.shutdown().await;
 }

@@ -573,15 +573,28 @@ impl Metrics {
     /// than the rest of a warm call's bookkeeping; a read lock and an `Arc`
     /// clone per call made the cores calling at once bounce their cache
     /// lines).
-    pub(crate) fn call_done(&self, module: &str, route: CallRoute, ok: bool, elapsed: Duration) {
+    ///
+    /// A module's series are made at its first call, and only if
+    /// `deployed()` says it is deployed here: a client's made-up module
+    /// names (refused as unknown, or forwarded to an owner that could not
+    /// be reached) must not add series of their own, without bound.
+    pub(crate) fn call_done(
+        &self,
+        module: &str,
+        route: CallRoute,
+        ok: bool,
+        elapsed: Duration,
+        deployed: impl FnOnce() -> bool,
+    ) {
         let known = self.call_series.load();
         let made;
         let series = match known.get(module) {
             Some(series) => series,
-            None => {
+            None if deployed() => {
                 made = self.new_call_series(module);
                 &made
             }
+            None => return,
         };
         let at = route as usize;
         let counters = if ok { &series.ok } else { &series.error };

@@ -123,7 +123,9 @@ impl NodeShared {
         )
         .await;
         self.metrics
-            .call_done(module, route, reply.is_ok(), started.elapsed());
+            .call_done(module, route, reply.is_ok(), started.elapsed(), || {
+                self.modules.load().contains_key(module)
+            });
         reply
     }
 
@@ -307,6 +309,7 @@ impl NodeShared {
                     crate::metrics::CallRoute::Peer,
                     reply.is_ok(),
                     started.elapsed(),
+                    || self.modules.load().contains_key(&module),
                 );
                 reply
             }
