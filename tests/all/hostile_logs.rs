@@ -257,6 +257,60 @@ fn the_hosts_warnings_about_a_key_are_under_its_log_rate() {
     });
 }
 
+/// A module whose every call traps, called as fast as a client can: each
+/// death was a `key died` line, so a tenant could make the node log one
+/// warning per request. Now a module's lines about dead keys pass at most
+/// its burst and rate, and the next line let through notes how many were
+/// withheld: lines and notes add up to every death, which the metric
+/// counts too.
+#[test]
+fn a_module_whose_keys_keep_dying_is_logged_at_a_bounded_rate() {
+    const DEATHS: u64 = 300;
+    run_captured(|log| async move {
+        let node = node(options(Duration::from_secs(5), 100)).await;
+        let before = log.len();
+        let started = Instant::now();
+        for _ in 0..DEATHS {
+            let reply = node.call("hostile", "r", b"recurse".to_vec()).await;
+            assert!(matches!(reply, Err(Error::KeyDied(_))), "{reply:?}");
+        }
+        let elapsed = started.elapsed().as_secs();
+        // A line is earned every 100 ms: the next death's line notes the
+        // ones withheld.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let reply = node.call("hostile", "r", b"recurse".to_vec()).await;
+        assert!(matches!(reply, Err(Error::KeyDied(_))), "{reply:?}");
+        let grown = log.since(before);
+        let logged = count(&grown, "key died") as u64;
+        let bound = 100 + 10 * (elapsed + 1) + 1;
+        assert!(
+            logged <= bound,
+            "{logged} `key died` lines in {elapsed} s (burst and rate: {bound})"
+        );
+        let withheld: u64 = grown
+            .lines()
+            .filter_map(|l| {
+                l.split_once("withheld=")?
+                    .1
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        assert_eq!(logged + withheld, DEATHS + 1, "{grown:.3000}");
+        assert_eq!(
+            metric(
+                &node,
+                "fief_key_kills_total{module=\"hostile\",cause=\"trap\"}"
+            )
+            .await,
+            DEATHS + 1
+        );
+        stop(node).await;
+    });
+}
+
 #[test]
 fn a_flood_of_log_lines_is_rate_limited_and_the_drops_counted() {
     run_captured(|log| async move {

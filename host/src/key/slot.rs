@@ -98,6 +98,9 @@ pub(crate) struct ModuleSlot {
     next_generation: AtomicU64,
     /// `fief_calls_inline_total{module}` and `fief_calls_demoted_total{module}`.
     inline_calls: InlineCounters,
+    /// The rate of this module's lines about keys that died or failed to
+    /// start.
+    pub(super) end_lines: super::end_lines::EndLines,
     /// The module's tenant's CPU meter, found at its first routed call.
     tenant_cpu: OnceLock<Arc<TenantCpu>>,
 }
@@ -132,6 +135,7 @@ impl ModuleSlot {
             recently_evicted: Mutex::new(LruCache::new(super::eviction::RECENTLY_EVICTED)),
             next_generation: AtomicU64::new(1),
             inline_calls,
+            end_lines: super::end_lines::EndLines::default(),
             tenant_cpu: OnceLock::new(),
         }
     }

@@ -456,11 +456,26 @@ async fn drive_key(
         Exit::Killed => {
             tracing::info!(module = %slot.name, key = %key, reason = %why(), "key killed")
         }
-        Exit::Died(_) => {
-            tracing::warn!(module = %slot.name, key = %key, reason = %why(), "key died")
-        }
-        Exit::StartFailed(_) => {
-            tracing::warn!(module = %slot.name, key = %key, error = %why(), "key failed to start")
+        // At a bounded rate per module (`end_lines.rs`): a tenant calling
+        // its own module whose every call traps must not make the node log
+        // a line per request.
+        Exit::Died(_) | Exit::StartFailed(_) => {
+            if let Some(withheld) = slot.end_lines.admit(std::time::Instant::now()) {
+                if withheld > 0 {
+                    tracing::warn!(
+                        module = %slot.name,
+                        withheld,
+                        "{withheld} more keys of this module died or failed to start, not logged: \
+                         over {} lines a second (fief_key_kills_total counts every death)",
+                        super::end_lines::END_LINES_PER_SECOND
+                    );
+                }
+                if matches!(exit, Exit::Died(_)) {
+                    tracing::warn!(module = %slot.name, key = %key, reason = %why(), "key died")
+                } else {
+                    tracing::warn!(module = %slot.name, key = %key, error = %why(), "key failed to start")
+                }
+            }
         }
         Exit::Stopped | Exit::Retired => {
             tracing::debug!(module = %slot.name, key = %key, "key stopped")
