@@ -113,6 +113,7 @@ const TABLE: &[(&str, Row)] = &[
     ("error", Row::Values),
     ("clock", Row::Values),
     ("sync", Row::Values),
+    ("line_budget", Row::Values),
     ("dedicated", Row::Values),
     ("bindings", Row::Values),
     // This test, which imports nothing of the crate.

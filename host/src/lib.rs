@@ -49,6 +49,7 @@ mod key;
 #[cfg(test)]
 mod layers;
 mod limbo;
+mod line_budget;
 mod listener;
 mod load_ceilings;
 mod mailbox;

@@ -36,6 +36,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
+use crate::line_budget::LineBudget;
 use crate::tls::PeerTlsConfig;
 use crate::wire::Handshake;
 
@@ -108,13 +109,43 @@ const SERVER_LABEL: &[u8] = b"fief-peer-server";
 const CLIENT_LABEL: &[u8] = b"fief-peer-client";
 
 /// How this node secures its peer links.
-#[derive(Default)]
 pub(crate) struct PeerSecurity {
     secret: Option<ClusterSecret>,
     tls: Option<PeerTlsConfig>,
+    /// The rate of this node's lines about peer connections it refused or
+    /// dropped: anyone who reaches the peer port can make one per connection.
+    refusals: LineBudget,
+}
+
+/// Lines about refused peer connections a node may make per second, once
+/// [`REFUSAL_LINE_BURST`] is spent.
+const REFUSAL_LINES_PER_SECOND: f64 = 10.0;
+
+/// Lines about refused peer connections a node may make at once.
+const REFUSAL_LINE_BURST: f64 = 100.0;
+
+impl Default for PeerSecurity {
+    /// No cluster secret, no peer TLS.
+    fn default() -> Self {
+        PeerSecurity {
+            secret: None,
+            tls: None,
+            refusals: LineBudget::new(REFUSAL_LINES_PER_SECOND, REFUSAL_LINE_BURST),
+        }
+    }
 }
 
 impl PeerSecurity {
+    /// Log that the connection from `peer` was refused or dropped, and
+    /// why, at a bounded rate (anyone who reaches the peer port can make
+    /// one such line per connection): over it the line is withheld, and
+    /// the next one let through says how many were.
+    pub(crate) fn refused(&self, peer: SocketAddr, what: std::fmt::Arguments<'_>) {
+        if let Some(withheld) = self.refusals.admit(std::time::Instant::now()) {
+            tracing::warn!(%peer, withheld, "{what}");
+        }
+    }
+
     /// Read the cluster secret and peer TLS files named in `config`.
     pub(crate) fn load(config: &NodeConfig) -> Result<Self> {
         let secret = match &config.cluster_secret_file {
@@ -132,7 +163,11 @@ impl PeerSecurity {
             None => None,
         };
         let tls = config.peer_tls.as_ref().map(|t| t.load()).transpose()?;
-        Ok(PeerSecurity { secret, tls })
+        Ok(PeerSecurity {
+            secret,
+            tls,
+            ..PeerSecurity::default()
+        })
     }
 
     /// Secure a connection this node opened to `addr`: TLS if configured,
@@ -199,11 +234,14 @@ impl PeerSecurity {
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, work).await {
             Ok(Ok(framed)) => Some(framed),
             Ok(Err(why)) => {
-                tracing::warn!(%peer, %why, "refusing a peer connection");
+                self.refused(peer, format_args!("refusing a peer connection: {why}"));
                 None
             }
             Err(_) => {
-                tracing::warn!(%peer, "refusing a peer connection: its handshake timed out");
+                self.refused(
+                    peer,
+                    format_args!("refusing a peer connection: its handshake timed out"),
+                );
                 None
             }
         }

@@ -59,20 +59,36 @@ pub(crate) async fn serve(node: Weak<NodeShared>, listener: TcpListener) {
         let node = node.clone();
         tokio::spawn(async move {
             if let Some(framed) = security.accept(peer, stream, codec(max)).await {
-                serve_connection(node, framed, peer).await;
+                serve_connection(node, framed, peer, &security).await;
             }
         });
     }
 }
 
-async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: SocketAddr) {
+/// At most the first 128 characters of a name a peer sent, for a log line
+/// (a frame may carry a megabyte of it).
+fn shown(name: &str) -> &str {
+    name.char_indices()
+        .nth(128)
+        .map_or(name, |(at, _)| &name[..at])
+}
+
+async fn serve_connection(
+    node: Weak<NodeShared>,
+    framed: PeerFramed,
+    peer: SocketAddr,
+    security: &PeerSecurity,
+) {
     let (sink, mut stream) = framed.split();
     let (out_tx, out_rx) = mpsc::channel::<Frame>(OUTGOING_QUEUE);
     let writer = tokio::spawn(write_queued(sink, out_rx));
     let mut greeted = false;
     while let Some(Ok(bytes)) = stream.next().await {
         let Ok(Frame::Request { id, body }) = decode_frame(&bytes) else {
-            tracing::warn!(%peer, "dropping a peer connection: undecodable frame");
+            security.refused(
+                peer,
+                format_args!("dropping a peer connection: undecodable frame"),
+            );
             break;
         };
         let Some(shared) = node.upgrade() else { break };
@@ -83,14 +99,24 @@ async fn serve_connection(node: Weak<NodeShared>, framed: PeerFramed, peer: Sock
                 features,
             } => {
                 if namespace != shared.config.namespace {
-                    tracing::warn!(%peer, %from, %namespace, "refusing a peer of another namespace");
+                    security.refused(
+                        peer,
+                        format_args!(
+                            "refusing a peer of another namespace: {} of {}",
+                            shown(from.as_str()),
+                            shown(&namespace)
+                        ),
+                    );
                     break;
                 }
                 shared.peers.greeted(&from, features);
                 greeted = true;
             }
             _ if !greeted => {
-                tracing::warn!(%peer, "dropping a peer connection that did not say hello");
+                security.refused(
+                    peer,
+                    format_args!("dropping a peer connection that did not say hello"),
+                );
                 break;
             }
             request => {

@@ -8,7 +8,9 @@
 //! node logs (a `tracing` subscriber on every thread of the test's own
 //! runtime) and checks that it stays within a bound, that the attack is cut,
 //! rate-limited or killed at its CPU limit, and that another module's key
-//! answers during the attack and after it. No test asserts a speed.
+//! answers during the attack and after it. No test asserts a speed. The
+//! node's own lines that others can make it write as fast as they act (a
+//! module's dead keys, refused peer connections) are bounded here too.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -153,6 +155,21 @@ fn noted_drops(log: &str) -> u64 {
         .sum()
 }
 
+/// The sum of the `withheld=N` fields of `log`'s lines: lines a
+/// line budget withheld and the next line let through noted.
+fn withheld(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| {
+            l.split_once("withheld=")?
+                .1
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// The value of `series` in the node's metrics text.
 async fn metric(node: &fief::Instance, series: &str) -> u64 {
     let text = node.metrics_text().await;
@@ -287,17 +304,7 @@ fn a_module_whose_keys_keep_dying_is_logged_at_a_bounded_rate() {
             logged <= bound,
             "{logged} `key died` lines in {elapsed} s (burst and rate: {bound})"
         );
-        let withheld: u64 = grown
-            .lines()
-            .filter_map(|l| {
-                l.split_once("withheld=")?
-                    .1
-                    .split(' ')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum();
+        let withheld = withheld(&grown);
         assert_eq!(logged + withheld, DEATHS + 1, "{grown:.3000}");
         assert_eq!(
             metric(
@@ -308,6 +315,53 @@ fn a_module_whose_keys_keep_dying_is_logged_at_a_bounded_rate() {
             DEATHS + 1
         );
         stop(node).await;
+    });
+}
+
+/// Not a guest, but the same flood from outside: anyone who reaches the
+/// peer port can make the node refuse a connection, and each refusal was a
+/// `warn` line. 300 connections that send a frame that is no handshake:
+/// their lines pass at most the burst and the rate, and the next one let
+/// through says how many were withheld.
+#[test]
+fn refused_peer_connections_are_logged_at_a_bounded_rate() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CONNECTIONS: u64 = 300;
+    run_captured(|log| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let node = fief::Instance::builder(fief_tests::test_config())
+            .peer_listener(listener)
+            .start()
+            .await
+            .expect("node starts");
+        let refuse = || async {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream.write_all(b"\0\0\0\x04junk").await.expect("send");
+            // The node closes it once refused: one at a time.
+            let mut buf = [0u8; 64];
+            let _ = tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await;
+        };
+        let before = log.len();
+        let started = Instant::now();
+        for _ in 0..CONNECTIONS {
+            refuse().await;
+        }
+        let elapsed = started.elapsed().as_secs();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        refuse().await;
+        let grown = log.since(before);
+        let logged = count(&grown, "refusing a peer connection") as u64;
+        let bound = 100 + 10 * (elapsed + 1) + 1;
+        assert!(
+            (1..=bound).contains(&logged),
+            "{logged} refusal lines in {elapsed} s (burst and rate: {bound})"
+        );
+        let withheld = withheld(&grown);
+        assert_eq!(logged + withheld, CONNECTIONS + 1, "{grown:.3000}");
+        node.shutdown().await;
     });
 }
 

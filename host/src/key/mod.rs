@@ -28,8 +28,6 @@
 //!   gate, the epoch callback, the guest's callbacks, why it died;
 //! - `slot.rs`: a module's table of live keys (`ModuleSlot`): delivery and
 //!   activation, the fence sweep, kills, retirement;
-//! - `end_lines.rs`: the rate of a module's `key died` / `key failed to
-//!   start` lines;
 //! - `eviction.rs`: which idle key retires when a module's or the node's
 //!   budget of live keys is reached (least recently used first);
 //! - `linear_memory.rs`: the linear memory of the node's live keys,
@@ -40,7 +38,6 @@
 //! - `task.rs`: the task that owns one key process and runs its message loop;
 //! - `storage.rs`: a process's durable state and its output gate.
 
-mod end_lines;
 mod eviction;
 mod inline;
 mod linear_memory;

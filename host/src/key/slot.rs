@@ -30,6 +30,7 @@ use crate::cpu_budget::{CpuMeter, TenantCpu};
 use crate::error::{Error, Result};
 use crate::host_bytes::Ledger;
 use crate::limbo::{Limbo, LimboEntry, Survivor, mode_name};
+use crate::line_budget::LineBudget;
 use crate::mailbox::{self, Mailbox, MailboxRx, Refused};
 use crate::metrics::InlineCounters;
 use crate::module::CompiledModule;
@@ -79,6 +80,14 @@ pub(super) struct Activation {
     pub(super) meter: Meter,
 }
 
+/// Lines about a module's keys that died or failed to start it may make
+/// per second, once [`END_LINE_BURST`] is spent (the rest are withheld and
+/// noted; `fief_key_kills_total` counts every death).
+const END_LINES_PER_SECOND: f64 = 10.0;
+
+/// Lines about a module's ended keys it may make at once.
+const END_LINE_BURST: f64 = 100.0;
+
 /// A deployed module name: its current version and its live keys.
 ///
 /// Keys are tracked per name, not per version, so a redeploy never lets two
@@ -99,8 +108,11 @@ pub(crate) struct ModuleSlot {
     /// `fief_calls_inline_total{module}` and `fief_calls_demoted_total{module}`.
     inline_calls: InlineCounters,
     /// The rate of this module's lines about keys that died or failed to
-    /// start.
-    pub(super) end_lines: super::end_lines::EndLines,
+    /// start ([`END_LINES_PER_SECOND`], a burst of [`END_LINE_BURST`]): a
+    /// module's keys can end as fast as callers activate them, and a tenant
+    /// calling its own module whose every call traps made the node write a
+    /// warning per request.
+    pub(super) end_lines: LineBudget,
     /// The module's tenant's CPU meter, found at its first routed call.
     tenant_cpu: OnceLock<Arc<TenantCpu>>,
 }
@@ -135,7 +147,7 @@ impl ModuleSlot {
             recently_evicted: Mutex::new(LruCache::new(super::eviction::RECENTLY_EVICTED)),
             next_generation: AtomicU64::new(1),
             inline_calls,
-            end_lines: super::end_lines::EndLines::default(),
+            end_lines: LineBudget::new(END_LINES_PER_SECOND, END_LINE_BURST),
             tenant_cpu: OnceLock::new(),
         }
     }

@@ -456,9 +456,9 @@ async fn drive_key(
         Exit::Killed => {
             tracing::info!(module = %slot.name, key = %key, reason = %why(), "key killed")
         }
-        // At a bounded rate per module (`end_lines.rs`): a tenant calling
-        // its own module whose every call traps must not make the node log
-        // a line per request.
+        // At a bounded rate per module (`ModuleSlot::end_lines`): a tenant
+        // calling its own module whose every call traps must not make the
+        // node log a line per request.
         Exit::Died(_) | Exit::StartFailed(_) => {
             if let Some(withheld) = slot.end_lines.admit(std::time::Instant::now()) {
                 if withheld > 0 {
@@ -467,7 +467,7 @@ async fn drive_key(
                         withheld,
                         "{withheld} more keys of this module died or failed to start, not logged: \
                          over {} lines a second (fief_key_kills_total counts every death)",
-                        super::end_lines::END_LINES_PER_SECOND
+                        slot.end_lines.per_second()
                     );
                 }
                 if matches!(exit, Exit::Died(_)) {
