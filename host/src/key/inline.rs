@@ -240,7 +240,7 @@ pub(super) async fn run_activation(
     }
     if control.is_survivor() || !services.may_act() {
         if env.on_fence == OnFence::Terminate {
-            control.kill_one_of_many("the node is fenced");
+            control.kill_one_of_many(super::FENCED);
         }
         return Err(Error::Fenced);
     }

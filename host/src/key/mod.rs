@@ -80,6 +80,10 @@ struct KillReason {
     one_of_many: bool,
 }
 
+/// Why a `terminate` key ends at its node's fence, whoever noticed first:
+/// the fence's sweep or the key itself ([`KeyControl::kill_for_fence`]).
+pub(crate) const FENCED: &str = "the node fenced";
+
 /// The kill switch of one key process.
 ///
 /// The key's task learns of a kill or a fence order through `changed`, which
@@ -258,6 +262,16 @@ impl KeyControl {
             why: reason,
             one_of_many: true,
         })
+    }
+
+    /// Kill a `terminate` key for its node's fence ([`FENCED`]), as one of
+    /// many. Returns whether the fence ended it: killed now, or killed
+    /// already by the key itself on finding the node fenced (a running
+    /// guest's epoch check, its task's next message, an activation), which
+    /// can come before the fence's sweep reaches it; not a key killed
+    /// earlier for another reason.
+    pub(crate) fn kill_for_fence(&self) -> bool {
+        self.kill_one_of_many(FENCED) || self.reason() == Some(FENCED)
     }
 
     fn kill_for(&self, reason: KillReason) -> bool {
@@ -561,4 +575,29 @@ pub enum KeyLifeEvent {
     Started,
     /// The process's store has been dropped.
     Ended,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FENCED, KeyControl};
+
+    /// The fence's count (`node fenced … killed=N`) holds every `terminate`
+    /// key the fence ended, including one that found the node fenced and
+    /// killed itself before the sweep reached it; not one killed before for
+    /// another reason.
+    #[test]
+    fn the_fence_counts_the_keys_it_ended_whoever_noticed_first() {
+        let swept = KeyControl::default();
+        assert!(swept.kill_for_fence(), "a live key is killed by the sweep");
+        assert!(swept.is_killed() && swept.killed_with_many());
+
+        let noticed = KeyControl::default();
+        assert!(noticed.kill_one_of_many(FENCED), "its own epoch check");
+        assert!(noticed.kill_for_fence(), "the sweep still counts it");
+
+        let operator = KeyControl::default();
+        assert!(operator.kill("killed by an operator"));
+        assert!(!operator.kill_for_fence(), "the fence did not end it");
+        assert_eq!(operator.reason(), Some("killed by an operator"));
+    }
 }

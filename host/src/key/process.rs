@@ -397,7 +397,7 @@ impl KeyProcess {
                     .upgrade()
                     .is_none_or(|services| !services.may_act())
             {
-                ctx.env.control.kill_one_of_many("the node is fenced");
+                ctx.env.control.kill_one_of_many(super::FENCED);
                 return Ok(UpdateDeadline::Interrupt);
             }
             // The first check after a yield: the kill flag was read just

@@ -551,7 +551,8 @@ impl ModuleSlot {
     /// The fence, for this module's live keys: `terminate` keys are killed;
     /// `continue` and `callback` keys leave the kill tree for `limbo` (a
     /// callback key is also ordered to run `handle-fence`, and is killed if
-    /// it has not answered by its deadline). Returns how many were killed.
+    /// it has not answered by its deadline). Returns how many `terminate` keys
+    /// the fence ended (by this sweep or on their own, [`KeyControl::kill_for_fence`]).
     pub(crate) fn fence_keys(&self, limbo: &Limbo) -> usize {
         let mut keys = lock(&self.keys);
         // The `terminate` keys (most, usually) are killed after the lock is
@@ -599,9 +600,11 @@ impl ModuleSlot {
             });
         }
         drop(keys);
+        // Counted whoever noticed the fence first: a running key may have
+        // killed itself before this sweep reached it.
         doomed
             .iter()
-            .filter(|control| control.kill_one_of_many("the node fenced"))
+            .filter(|control| control.kill_for_fence())
             .count()
     }
 

@@ -331,7 +331,7 @@ async fn drive_key(
         let fenced = control.is_survivor() || !services.may_act();
         if fenced {
             if env.on_fence == OnFence::Terminate {
-                control.kill_one_of_many("the node is fenced");
+                control.kill_one_of_many(super::FENCED);
                 envelope.fail(Error::Fenced);
                 break Exit::Killed;
             }
