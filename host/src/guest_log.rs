@@ -47,6 +47,7 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use crate::bindings::types::LogLevel;
 use crate::config::ByteSize;
 use crate::sync::lock;
+use crate::token_bucket::TokenBucket;
 use crate::trace::TraceContext;
 
 /// Longest log line a guest can make, in bytes (the truncation mark comes
@@ -92,31 +93,11 @@ pub(crate) struct LogLimits {
     pub(crate) bytes_per_second: u64,
 }
 
-/// A token bucket on real time (the node's log is real, whatever clock the
-/// node runs on).
-struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-}
-
-impl Bucket {
-    fn new(rate: f64, now: Instant) -> Self {
-        let burst = rate * f64::from(LOG_BURST_SECONDS);
-        Bucket {
-            rate,
-            burst,
-            tokens: burst,
-            last: now,
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-    }
+/// A full bucket of `per_second` with a burst of [`LOG_BURST_SECONDS`] seconds'
+/// worth, on real time (the node's log is real, whatever clock the node
+/// runs on).
+fn bucket(per_second: f64, now: Instant) -> TokenBucket<Instant> {
+    TokenBucket::full(per_second, per_second * f64::from(LOG_BURST_SECONDS), now)
 }
 
 /// Which stream a [`GuestLog`] stands for.
@@ -161,8 +142,8 @@ impl PartialLine {
 }
 
 struct LogState {
-    lines: Bucket,
-    bytes: Bucket,
+    lines: TokenBucket<Instant>,
+    bytes: TokenBucket<Instant>,
     /// Lines dropped since the last note, and their bytes.
     dropped_lines: u64,
     dropped_bytes: u64,
@@ -233,8 +214,8 @@ impl GuestLogger {
             key,
             limits,
             state: Mutex::new(LogState {
-                lines: Bucket::new(f64::from(limits.lines_per_second), now),
-                bytes: Bucket::new(limits.bytes_per_second as f64, now),
+                lines: bucket(f64::from(limits.lines_per_second), now),
+                bytes: bucket(limits.bytes_per_second as f64, now),
                 dropped_lines: 0,
                 dropped_bytes: 0,
                 last_note: None,
@@ -348,14 +329,14 @@ impl GuestLogger {
         state.lines.refill(now);
         state.bytes.refill(now);
         let len_tokens = len as f64;
-        if state.lines.tokens < 1.0 || state.bytes.tokens < len_tokens {
+        if !state.lines.holds(1.0) || !state.bytes.holds(len_tokens) {
             state.dropped_lines += 1;
             state.dropped_bytes += len as u64;
             self.dropped.inc();
             return false;
         }
-        state.lines.tokens -= 1.0;
-        state.bytes.tokens -= len_tokens;
+        state.lines.spend(1.0);
+        state.bytes.spend(len_tokens);
         if state.dropped_lines > 0
             && state
                 .last_note

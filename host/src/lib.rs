@@ -68,6 +68,7 @@ pub mod storage;
 mod storage_api;
 mod sync;
 pub mod tls;
+mod token_bucket;
 mod trace;
 mod transport;
 mod wire;

@@ -10,23 +10,21 @@
 //! it write as fast as they can act.
 //!
 //! A leaf: it decides only whether to log; it must not log or import the
-//! crate's other modules beyond `sync`.
+//! crate's other modules beyond `sync` and `token_bucket`.
 
 use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::sync::lock;
+use crate::token_bucket::TokenBucket;
 
 /// A rate of log lines, with a burst.
 pub(crate) struct LineBudget {
-    per_second: f64,
-    burst: f64,
     state: Mutex<State>,
 }
 
 struct State {
-    tokens: f64,
-    refilled: Instant,
+    lines: TokenBucket<Instant>,
     /// Lines withheld since the last one let through.
     withheld: u64,
 }
@@ -36,11 +34,8 @@ impl LineBudget {
     /// spent.
     pub(crate) fn new(per_second: f64, burst: f64) -> Self {
         LineBudget {
-            per_second,
-            burst,
             state: Mutex::new(State {
-                tokens: burst,
-                refilled: Instant::now(),
+                lines: TokenBucket::full(per_second, burst, Instant::now()),
                 withheld: 0,
             }),
         }
@@ -48,7 +43,7 @@ impl LineBudget {
 
     /// Lines per second once the burst is spent.
     pub(crate) fn per_second(&self) -> f64 {
-        self.per_second
+        lock(&self.state).lines.per_second()
     }
 
     /// Whether one more line may be logged at `now`: if so, `Some` of how
@@ -56,14 +51,10 @@ impl LineBudget {
     /// it); if not, `None`, and it is counted as withheld.
     pub(crate) fn admit(&self, now: Instant) -> Option<u64> {
         let mut state = lock(&self.state);
-        let earned = now.saturating_duration_since(state.refilled).as_secs_f64();
-        state.tokens = (state.tokens + earned * self.per_second).min(self.burst);
-        state.refilled = now;
-        if state.tokens < 1.0 {
+        if !state.lines.take_one(now) {
             state.withheld += 1;
             return None;
         }
-        state.tokens -= 1.0;
         Some(std::mem::take(&mut state.withheld))
     }
 }

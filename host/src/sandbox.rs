@@ -32,6 +32,7 @@ use wasmtime_wasi::{FsPerms, ResourceTable, WasiCtx, WasiCtxBuilder};
 use crate::config::{ByteSize, DirGrant, ModuleOptions};
 use crate::error::{Error, Result};
 use crate::guest_log::{GuestLog, GuestLogger, LOG_BURST_SECONDS, MAX_LOG_LINE, Stream};
+use crate::token_bucket::TokenBucket;
 
 /// Where a module's granted directory appears inside its keys.
 pub const GUEST_DIR: &str = "/data";
@@ -416,36 +417,23 @@ pub(crate) fn resource_table() -> ResourceTable {
 /// A token bucket limiting one key's publications to
 /// `max_publishes_per_second`, with a burst of one second's worth, on the
 /// node's clock.
-pub(crate) struct PublishBucket {
-    rate: u32,
-    tokens: f64,
-    last: Instant,
-}
+pub(crate) struct PublishBucket(TokenBucket<Instant>);
 
 impl PublishBucket {
     /// A full bucket.
     pub(crate) fn new(rate: u32, now: Instant) -> Self {
-        PublishBucket {
-            rate,
-            tokens: f64::from(rate),
-            last: now,
-        }
+        PublishBucket(TokenBucket::full(f64::from(rate), f64::from(rate), now))
     }
 
     /// Take one publication, or say why not.
     pub(crate) fn take(&mut self, now: Instant) -> std::result::Result<(), String> {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        let rate = f64::from(self.rate);
-        self.tokens = (self.tokens + elapsed * rate).min(rate);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        if self.0.take_one(now) {
             return Ok(());
         }
         Err(format!(
             "publish rate limit: this key may publish {} times per second \
              (max_publishes_per_second); retry later",
-            self.rate
+            self.0.per_second()
         ))
     }
 }

@@ -29,6 +29,7 @@ use super::{AbortOnDrop, Instance, NodeShared};
 use crate::connections::{Admit, Attachment, SocketGuard, SocketRefusal, close};
 use crate::error::{Error, Result};
 use crate::key::{ConnDelivery, Envelope};
+use crate::token_bucket::TokenBucket;
 use crate::wire::{ConnAck, ConnEvent, ConnSend, FEATURE_CONNECTIONS, PeerRequest, WireAttachment};
 
 /// How often a socket task checks its node's lease and its key's owner.
@@ -199,7 +200,7 @@ impl SocketTask {
                         None => return End { close: None, tell_key: Some((1006, "the connection dropped".to_owned())) },
                     };
                     if !frames.take() {
-                        let why = format!("more than {} frames a second (max_frames_per_second)", frames.rate);
+                        let why = format!("more than {} frames a second (max_frames_per_second)", frames.0.per_second());
                         return End { close: Some((close::POLICY, why.clone())), tell_key: Some((close::POLICY, why)) };
                     }
                     if let Err(end) = self.deliver(event, Instant::now() + NO_OWNER_LIMIT).await {
@@ -355,34 +356,18 @@ fn owner_of(node: &NodeShared, key: &str) -> Option<NodeId> {
     }
 }
 
-/// A bucket of one second's worth of frames.
-struct FrameBucket {
-    rate: u32,
-    tokens: f64,
-    at: Instant,
-}
+/// A bucket of one second's worth of frames, on real time.
+struct FrameBucket(TokenBucket<std::time::Instant>);
 
 impl FrameBucket {
     fn new(rate: u32) -> Self {
-        FrameBucket {
-            rate,
-            tokens: f64::from(rate),
-            at: Instant::now(),
-        }
+        let rate = f64::from(rate);
+        FrameBucket(TokenBucket::full(rate, rate, std::time::Instant::now()))
     }
 
     /// Take one frame's token; false if none is left.
     fn take(&mut self) -> bool {
-        let now = Instant::now();
-        let rate = f64::from(self.rate);
-        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * rate).min(rate);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.0.take_one(std::time::Instant::now())
     }
 }
 
