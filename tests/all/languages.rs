@@ -298,7 +298,7 @@ async fn the_three_counters_hand_off_the_same_state() {
 /// module `counter`), the node owning a key leaves gracefully; the key's
 /// process hands its value off (`handoff`), the new owner's process starts
 /// from it (`init` with the state), and the count goes on where it was.
-/// The Rust counter's own move is `cluster::cluster_row8_leave_hands_keys_off_with_no_double_serve`.
+/// The Rust counter's own move is `cluster_failures::cluster_row8_leave_hands_keys_off_with_no_double_serve`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn python_and_js_counters_keep_their_count_across_a_graceful_move() {
     for path in [guests::COUNTER_PY, guests::COUNTER_JS] {

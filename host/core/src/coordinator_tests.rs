@@ -136,7 +136,7 @@ fn leader_plan(members: Vec<Member>, table: OwnershipTable) -> Vec<(PartitionId,
 /// a live lease it does not know (its next joins are refused until that
 /// one expires); a partition moved to it would be served by nobody, and
 /// the states handed to it dropped (found by
-/// `processes::fenced_node_answers_and_rejoins_when_the_cut_heals`).
+/// `processes_fence::fenced_node_answers_and_rejoins_when_the_cut_heals`).
 #[test]
 fn the_leader_moves_nothing_to_a_lease_its_node_never_used() {
     let member = |name: &str, confirmed| Member {
