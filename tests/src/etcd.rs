@@ -171,16 +171,7 @@ impl EtcdCluster {
     }
 
     fn signal(&self, i: usize, signal: &str) {
-        let pid = self.pid(i).to_string();
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(&pid)
-            .status()
-            .unwrap_or_else(|e| panic!("running kill -{signal} {pid}: {e}"));
-        assert!(
-            status.success(),
-            "kill -{signal} {pid} (etcd m{i}): {status}"
-        );
+        crate::send_signal(self.pid(i), signal, &format!("etcd m{i}"));
     }
 
     /// Stop member `i` gracefully (SIGTERM) and reap it.

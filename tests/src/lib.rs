@@ -19,6 +19,21 @@ pub mod scratch_postgres;
 pub mod storage_backend;
 pub mod ws;
 
+/// Send process `pid` (`what`, for the messages) `signal`, a name `kill(1)`
+/// knows (`STOP`, `CONT`, `TERM`, ...), with `kill -<signal> <pid>`; panics
+/// if `kill` fails.
+pub fn send_signal(pid: u32, signal: &str, what: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap_or_else(|e| panic!("running kill -{signal} {pid} ({what}): {e}"));
+    assert!(
+        status.success(),
+        "kill -{signal} {pid} ({what}) failed: {status}"
+    );
+}
+
 /// The guest components, built from source for these tests.
 pub mod guests {
     /// `examples/counter`: `incr`, `get`, `tick-every <ms>`.

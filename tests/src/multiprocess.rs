@@ -5,7 +5,7 @@
 //! `tests/all/processes.rs` and the other multi-process tests.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -536,17 +536,7 @@ impl ClusterNode {
     /// Send the child `signal` (a name `kill(1)` knows: `STOP`, `CONT`,
     /// `TERM`, ...) with `kill -<signal> <pid>`; panics if `kill` fails.
     pub fn signal(&self, signal: &str) {
-        let pid = self.pid().to_string();
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(&pid)
-            .status()
-            .unwrap_or_else(|e| panic!("running kill -{signal} {pid}: {e}"));
-        assert!(
-            status.success(),
-            "kill -{signal} {pid} (fief node {}) failed: {status}",
-            self.node_id
-        );
+        crate::send_signal(self.pid(), signal, &format!("fief node {}", self.node_id));
     }
 
     /// `fief leave --node <this node>`, then wait at most `limit` for the
