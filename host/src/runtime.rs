@@ -64,12 +64,11 @@ impl Runtime {
 impl Runtime {
     /// Build the engine for `config`.
     pub(crate) fn new(config: &NodeConfig) -> Result<Self> {
-        let keys = config.max_live_keys;
-        check_map_count(keys)?;
+        let keys = check_map_count(config.max_live_keys)?;
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(keys)
             .total_core_instances(keys.saturating_mul(4))
-            .total_memories(memory_slots(config)?)
+            .total_memories(memory_slots(config, keys)?)
             .total_tables(keys.saturating_mul(4))
             .total_stacks(keys)
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
@@ -81,7 +80,7 @@ impl Runtime {
             // before it refuses. Measured: an
             // evicted key's reactivation ~470 → ~400 µs p50 (docs/benchmarks.md,
             // "Issue 20").
-            .decommit_batch_size(64);
+            .decommit_batch_size(DECOMMIT_BATCH as usize);
 
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
@@ -123,6 +122,25 @@ impl Runtime {
     }
 }
 
+/// Slots a dropped store's pool slot waits in (wasmtime's decommit queue)
+/// before they go back to the pool together.
+const DECOMMIT_BATCH: u32 = 64;
+
+/// The instance pool's slots for a node of `max_live_keys`: the budget, and
+/// a reserve for the keys ordered to retire to make room for new ones. At
+/// the budget a new key starts at once in the reserve while its victim
+/// retires (`key/task.rs`, `start_in_pool`); without it, every activation
+/// at the budget waited for its victim's store to drop (a thread's wake-up,
+/// the victim's `terminate`, the drop, a wake-up back: ~60 µs of a
+/// reactivation's ~180 at p50, docs/benchmarks.md, "Issue 20, thirteenth
+/// pass"). The reserve covers the slots waiting in the decommit queue
+/// twice over, or a sixty-fourth of the budget if more; never more than
+/// the budget itself. [`check_map_count`] may give the pool less of it.
+pub(crate) fn pool_slots(max_live_keys: u32) -> u32 {
+    let reserve = (max_live_keys / 64).max(2 * DECOMMIT_BATCH.min(max_live_keys));
+    max_live_keys.saturating_add(reserve.min(max_live_keys))
+}
+
 /// Memory mappings (VMAs) the pooling allocator may need per key of
 /// `max_live_keys`: two per pooled fiber stack, made for every stack when
 /// the pool is created (its guard page splits the pool's mapping; a store
@@ -140,23 +158,25 @@ const MAPPINGS_SPARE: u64 = 4096;
 /// mappings, `vm.max_map_count`, cannot hold: past it, `mmap` and `mprotect`
 /// fail and keys fail to start at random. The check counts the mappings the
 /// process already has, so several nodes in one process are counted too
-/// (those started earlier).
-fn check_map_count(keys: u32) -> Result<()> {
+/// (those started earlier). Returns the instance pool's slots: the keys and
+/// as much of their reserve ([`pool_slots`]) as the limit holds (a pool
+/// with none left makes each start at the budget wait for its victim).
+fn check_map_count(keys: u32) -> Result<u32> {
     let Some(limit) = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
     else {
         // Not Linux, or no /proc: nothing to check against.
-        return Ok(());
+        return Ok(pool_slots(keys));
     };
     let used = std::fs::read_to_string("/proc/self/maps")
         .map(|m| m.lines().count() as u64)
         .unwrap_or(0);
-    let needed = u64::from(keys) * MAPPINGS_PER_KEY + MAPPINGS_SPARE;
-    if used + needed <= limit {
-        return Ok(());
-    }
     let fits = limit.saturating_sub(used + MAPPINGS_SPARE) / MAPPINGS_PER_KEY;
+    if u64::from(keys) <= fits {
+        return Ok(pool_slots(keys).min(u32::try_from(fits).unwrap_or(u32::MAX)));
+    }
+    let needed = u64::from(keys) * MAPPINGS_PER_KEY + MAPPINGS_SPARE;
     Err(Error::Config(format!(
         "max_live_keys = {keys} needs up to {needed} memory mappings ({MAPPINGS_PER_KEY} per key \
          and {MAPPINGS_SPARE} spare), but vm.max_map_count is {limit} and this process already \
@@ -178,7 +198,7 @@ const MEMORY_POOL_ADDRESS_SPACE: u64 = 64 << 40;
 /// # Errors
 ///
 /// [`Error::Config`] if not even one memory per key fits.
-fn memory_slots(config: &NodeConfig) -> Result<u32> {
+fn memory_slots(config: &NodeConfig, slots: u32) -> Result<u32> {
     let keys = config.max_live_keys;
     let slot = config.max_memory_per_key.as_u64() + MEMORY_GUARD;
     let fit = u32::try_from(MEMORY_POOL_ADDRESS_SPACE / slot).unwrap_or(u32::MAX);
@@ -191,7 +211,7 @@ fn memory_slots(config: &NodeConfig) -> Result<u32> {
             MEMORY_POOL_ADDRESS_SPACE >> 40
         )));
     }
-    Ok(keys.saturating_mul(2).min(fit))
+    Ok(slots.saturating_mul(2).min(fit))
 }
 
 /// A thread that increments the engine's epoch every tick, and ticks the
@@ -255,18 +275,34 @@ mod tests {
 
     #[test]
     fn a_million_keys_of_64_mib_fit_the_memory_pool() {
-        let slots = memory_slots(&config(1_000_000, ByteSize::mib(64))).expect("they fit");
+        let slots = memory_slots(&config(1_000_000, ByteSize::mib(64)), pool_slots(1_000_000))
+            .expect("they fit");
         assert!(slots >= 1_000_000, "{slots} memory slots");
     }
 
     #[test]
     fn keys_whose_memories_exceed_the_pool_address_space_are_refused() {
         // 1 000 000 × 256 MiB is 244 TiB: more than the pool may reserve.
-        let Err(Error::Config(why)) = memory_slots(&config(1_000_000, ByteSize::mib(256))) else {
+        let Err(Error::Config(why)) = memory_slots(
+            &config(1_000_000, ByteSize::mib(256)),
+            pool_slots(1_000_000),
+        ) else {
             panic!("a million 256 MiB memories were accepted");
         };
         assert!(why.contains("max_memory_per_key"), "{why}");
         assert!(why.contains("at most"), "{why}");
+    }
+
+    /// The pool holds the budget and a reserve for keys retiring: twice
+    /// the decommit queue, a sixty-fourth of a large budget, never more than
+    /// the budget itself.
+    #[test]
+    fn the_pool_keeps_a_reserve_for_keys_retiring() {
+        assert_eq!(pool_slots(0), 0);
+        assert_eq!(pool_slots(4), 8);
+        assert_eq!(pool_slots(1_000), 1_128);
+        assert_eq!(pool_slots(100_000), 101_562);
+        assert_eq!(pool_slots(u32::MAX), u32::MAX);
     }
 
     fn hash_of(engine: &Engine) -> u64 {

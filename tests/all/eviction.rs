@@ -5,10 +5,12 @@
 //!   the module retires for the new one, and every key's stored state is
 //!   kept: a stored counter served round-robin over many more keys than
 //!   the budget counts right, with no refusal.
-//! - Past the node's instance pool, the least recently used idle key of any
-//!   module retires; the same.
+//! - Past the node's `max_live_keys`, the least recently used idle key of
+//!   any module retires; the same; and the new key does not wait for it:
+//!   it starts in the instance pool's reserve while its victim retires.
 //! - Only busy keys refuse: with every live key in a callback, a new key is
-//!   refused naming the budget, and served once one is free; a key with an
+//!   refused naming the budget (the module's, or the node's though the
+//!   pool's reserve is free), and served once one is free; a key with an
 //!   armed timer is never a victim.
 //! - Messages racing evictions are served once, by one process at a time:
 //!   the single-ownership checker over every key life of a churning run.
@@ -188,13 +190,101 @@ async fn only_busy_keys_refuse_and_the_refusal_names_the_budget() {
     node.kill_key("hostile", "timed");
 }
 
-/// `ping` `key` of `hostile` until it is not refused for the budget (for
-/// at most 2 s: a key that has just replied holds its process a moment).
+/// At the node's `max_live_keys` a new key starts at once, in the instance
+/// pool's reserve, while its victim retires: it does not wait for the
+/// victim's store to drop. `max_live_keys = 2`: `slow-terminate-old` (whose
+/// `terminate` takes 1.5 s) and `young` are live and idle; `new`'s call
+/// orders the older to retire and is answered while that key is still in
+/// its `terminate` (an entry leaves the table only after its store is
+/// dropped). Without the reserve, `new`'s start waited for the victim's
+/// `terminate` and its store's drop. Once the victim is gone the node is
+/// back at its budget, the eviction counted for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_at_the_nodes_budget_does_not_wait_for_its_victim_to_retire() {
+    let config = NodeConfig {
+        max_live_keys: 2,
+        ..test_config()
+    };
+    let node = node_with_options(config, &[("hostile", guests::HOSTILE, budget(100))]).await;
+    for key in ["slow-terminate-old", "young"] {
+        assert_eq!(served_soon(&node, key).await, b"pong");
+    }
+    assert_eq!(served_soon(&node, "new").await, b"pong");
+    let live: Vec<String> = node.keys().into_iter().map(|k| k.key).collect();
+    assert!(
+        live.iter().any(|k| k == "slow-terminate-old"),
+        "the victim had retired before the new key was served: {live:?}"
+    );
+    assert!(
+        live.iter().any(|k| k == "young"),
+        "a second key was evicted for the new one: {live:?}"
+    );
+    let mut settled = (usize::MAX, 0.0);
+    for _ in 0..500 {
+        settled = (
+            node.keys().len(),
+            evicted(&node, "hostile", "node_budget").await,
+        );
+        if settled == (2, 1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        settled,
+        (2, 1.0),
+        "(live keys, evictions for the node's budget)"
+    );
+    let live: Vec<String> = node.keys().into_iter().map(|k| k.key).collect();
+    assert!(
+        !live.iter().any(|k| k == "slow-terminate-old"),
+        "the victim is still live and another key went in its place: {live:?}"
+    );
+}
+
+/// Only busy keys refuse at the node's `max_live_keys` too, though the
+/// pool's reserve is free: two keys spin in a callback with
+/// `max_live_keys = 2`, so a third is refused `PoolFull`, naming the budget;
+/// once a spinner is killed the third is served. Without the budget's own
+/// check the third would start in the reserve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_busy_keys_refuse_at_the_nodes_budget_though_the_reserve_is_free() {
+    let config = NodeConfig {
+        max_live_keys: 2,
+        ..test_config()
+    };
+    let node = node_with_options(config, &[("hostile", guests::HOSTILE, budget(100))]).await;
+    for spinner in ["spinner-1", "spinner-2"] {
+        node.cast("hostile", spinner, b"loop".to_vec())
+            .expect("cast");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let refused = node
+        .call("hostile", "third", b"ping".to_vec())
+        .await
+        .expect_err("every live key is busy");
+    assert!(matches!(refused, Error::PoolFull { .. }), "{refused}");
+    assert_eq!(refused.code(), "too_many_keys");
+    assert!(
+        refused
+            .to_string()
+            .contains("all 2 keys of its max_live_keys are live"),
+        "{refused}"
+    );
+    assert!(node.kill_key("hostile", "spinner-1"));
+    assert_eq!(served_soon(&node, "third").await, b"pong");
+    node.kill_key("hostile", "spinner-2");
+}
+
+/// `ping` `key` of `hostile` until it is not refused for a budget (for at
+/// most 2 s: a key that has just replied holds its process a moment).
 async fn served_soon(node: &Instance, key: &str) -> Vec<u8> {
     for _ in 0..200 {
         match node.call("hostile", key, b"ping".to_vec()).await {
             Ok(reply) => return reply,
-            Err(Error::TooManyKeys { .. }) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(Error::TooManyKeys { .. } | Error::PoolFull { .. }) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             Err(e) => panic!("{key}: {e}"),
         }
     }

@@ -104,8 +104,10 @@ pub struct NodeConfig {
     pub kill_bound: Duration,
     /// Largest message or reply accepted, in bytes.
     pub max_message_size: ByteSize,
-    /// Most key processes live at once on this node, over all modules (the
-    /// size of the instance pool).
+    /// Most key processes live at once on this node, over all modules,
+    /// besides those retiring to make room (the instance pool holds this
+    /// many and a reserve for them: `docs/eviction.md`). At it, a new key
+    /// evicts the least recently used idle key of any module.
     pub max_live_keys: u32,
     /// Largest linear memory any key may have; a module's `memory_limit` must
     /// not exceed it (it sizes each slot of the instance pool).

@@ -1,26 +1,40 @@
-//! The linear memory of a node's live keys, counted together, for the
-//! node's `max_guest_memory` (an eviction trigger, `docs/eviction.md`).
+//! The linear memory and the stores of a node's live keys, counted
+//! together, for the node's `max_guest_memory` and `max_live_keys` (eviction
+//! triggers, `docs/eviction.md`).
 //!
 //! Every key's store has a [`KeyLimiter`]: the sandbox's limits
 //! (`StoreLimits`: the key's `memory_limit`, tables, instances), which it
 //! applies unchanged, and a count of the bytes its memories hold, added to
 //! the node's [`GuestMemory`] as they grow and taken back when the store is
-//! dropped. It must not refuse anything the sandbox's limits allow: the node
-//! budget evicts idle keys, it never fails a running one.
+//! dropped; the store itself is counted from the limiter's making to its
+//! drop (the instance-pool slot it may hold). It must not refuse anything
+//! the sandbox's limits allow: the node's budgets evict idle keys, they never
+//! fail a running one.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use wasmtime::{ResourceLimiter, StoreLimits};
 
-/// Bytes of linear memory the node's live keys hold together.
+/// Bytes of linear memory the node's live keys hold together, and how many
+/// key stores exist (each holds, or is about to take, a slot of the
+/// instance pool).
 #[derive(Debug, Default)]
-pub(crate) struct GuestMemory(AtomicU64);
+pub(crate) struct GuestMemory {
+    bytes: AtomicU64,
+    stores: AtomicUsize,
+}
 
 impl GuestMemory {
     /// The bytes held now.
     pub(crate) fn bytes(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The key stores that exist now (starting, live, or ending but not yet
+    /// dropped).
+    pub(crate) fn stores(&self) -> usize {
+        self.stores.load(Ordering::Relaxed)
     }
 }
 
@@ -37,6 +51,7 @@ pub(crate) struct KeyLimiter {
 
 impl KeyLimiter {
     pub(crate) fn new(limits: StoreLimits, node: Arc<GuestMemory>) -> Self {
+        node.stores.fetch_add(1, Ordering::Relaxed);
         KeyLimiter {
             limits,
             node,
@@ -59,7 +74,7 @@ impl ResourceLimiter for KeyLimiter {
             let growth = desired.saturating_sub(current) as u64;
             self.held += growth;
             self.last_growth = growth;
-            self.node.0.fetch_add(growth, Ordering::Relaxed);
+            self.node.bytes.fetch_add(growth, Ordering::Relaxed);
         }
         Ok(allowed)
     }
@@ -67,7 +82,7 @@ impl ResourceLimiter for KeyLimiter {
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
         let undone = std::mem::take(&mut self.last_growth);
         self.held -= undone;
-        self.node.0.fetch_sub(undone, Ordering::Relaxed);
+        self.node.bytes.fetch_sub(undone, Ordering::Relaxed);
         self.limits.memory_grow_failed(error)
     }
 
@@ -99,7 +114,8 @@ impl ResourceLimiter for KeyLimiter {
 
 impl Drop for KeyLimiter {
     fn drop(&mut self) {
-        self.node.0.fetch_sub(self.held, Ordering::Relaxed);
+        self.node.bytes.fetch_sub(self.held, Ordering::Relaxed);
+        self.node.stores.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -108,13 +124,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stores_growth_is_counted_and_given_back_when_it_fails_or_drops() {
+    fn a_stores_growth_and_the_store_are_counted_and_given_back_when_it_fails_or_drops() {
         let node = Arc::new(GuestMemory::default());
         let limits = wasmtime::StoreLimitsBuilder::new()
             .memory_size(1 << 20)
             .build();
         let mut a = KeyLimiter::new(limits.clone(), node.clone());
         let mut b = KeyLimiter::new(limits, node.clone());
+        assert_eq!(node.stores(), 2);
         assert!(a.memory_growing(0, 65_536, None).unwrap());
         assert!(b.memory_growing(0, 131_072, None).unwrap());
         assert_eq!(node.bytes(), 196_608);
@@ -126,8 +143,8 @@ mod tests {
         a.memory_grow_failed(wasmtime::Error::msg("no")).unwrap();
         assert_eq!(node.bytes(), 196_608);
         drop(b);
-        assert_eq!(node.bytes(), 65_536);
+        assert_eq!((node.bytes(), node.stores()), (65_536, 1));
         drop(a);
-        assert_eq!(node.bytes(), 0);
+        assert_eq!((node.bytes(), node.stores()), (0, 0));
     }
 }

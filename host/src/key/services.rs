@@ -70,11 +70,15 @@ pub(crate) trait KeyNode: Send + Sync {
         token: OwnershipToken,
     ) -> Result<Option<Vec<u8>>>;
 
-    /// A node budget is reached (`cause`: the instance pool, or
+    /// A node budget is reached (`cause`: `max_live_keys`, or
     /// `max_guest_memory`): order the least recently used idle key of any
-    /// module to retire. Returns whether room is coming (an eviction ordered
-    /// now or still in flight); false when every live key is busy.
+    /// module to retire. Returns whether one was ordered; false when every
+    /// live key is busy.
     fn evict_oldest_idle(&self, cause: super::Eviction) -> bool;
+
+    /// Evictions ordered on this node and not yet done (their keys' stores
+    /// not yet dropped, or just dropped).
+    fn evictions_in_flight(&self) -> usize;
 
     /// Whether `module` is deployed here (a held cast is checked now, sent
     /// after its commit).

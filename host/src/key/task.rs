@@ -524,14 +524,22 @@ fn try_retire(cell: &Arc<ProcessCell>, slot: &ModuleSlot, env: &KeyEnv, rx: &Mai
     }
 }
 
+/// Most keys one start orders to retire for the node's `max_live_keys`: its
+/// own room, and what concurrent starts took past the budget.
+const MAX_EVICTIONS_PER_START: usize = 4;
+
 /// How long a key's start waits in all for pool slots freed by evictions
 /// before it is refused as `PoolFull`.
 const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Start the key's process; when the node's instance pool is full, have
-/// the node evict its least recently used idle key and wait for the slot
-/// (for at most [`POOL_WAIT`]). Refused `PoolFull` at once when no key can
-/// be evicted and none is being evicted: every live key is busy.
+/// Start the key's process. At the node's `max_live_keys` (its key stores,
+/// not counting those ordered to retire) the node's least recently used idle
+/// key is ordered to retire and this one starts at once, in one of the
+/// slots the instance pool keeps beyond the budget for keys retiring
+/// ([`crate::runtime::pool_slots`]): no start waits for a victim's store to
+/// drop. Refused `PoolFull` at once when every live key is busy. Only when
+/// the pool itself is full (the reserve used up by retiring keys) does the
+/// start wait for a slot to be freed (for at most [`POOL_WAIT`]).
 /// `inline`: on the activating caller's task (see [`KeyProcess::start`]).
 pub(super) async fn start_in_pool(
     services: &Arc<KeyServices>,
@@ -551,6 +559,29 @@ pub(super) async fn start_in_pool(
     {
         node.evict_oldest_idle(Eviction::MemoryBudget);
     }
+    let budget = services.config.max_live_keys as usize;
+    if let Some(node) = services.node() {
+        let live = services
+            .guest_memory
+            .stores()
+            .saturating_sub(node.evictions_in_flight());
+        // Room for this key, and for any that concurrent starts took past
+        // the budget (their counts were read before either store existed).
+        let wanted = (live + 1)
+            .saturating_sub(budget)
+            .min(MAX_EVICTIONS_PER_START);
+        if wanted > 0
+            && (0..wanted)
+                .take_while(|_| node.evict_oldest_idle(Eviction::NodeBudget))
+                .count()
+                == 0
+        {
+            return Err(Error::PoolFull {
+                module: env.module.to_string(),
+                detail: format!("all {budget} keys of its max_live_keys are live"),
+            });
+        }
+    }
     loop {
         let freed = services.pool_freed.notified();
         tokio::pin!(freed);
@@ -562,9 +593,9 @@ pub(super) async fn start_in_pool(
                 Err(full @ Error::PoolFull { .. }) => full,
                 started => return started,
             };
-        let room_coming = services
-            .node()
-            .is_some_and(|node| node.evict_oldest_idle(Eviction::NodeBudget));
+        let room_coming = services.node().is_some_and(|node| {
+            node.evict_oldest_idle(Eviction::NodeBudget) || node.evictions_in_flight() > 0
+        });
         if !room_coming {
             return Err(full);
         }

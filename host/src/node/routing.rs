@@ -430,7 +430,14 @@ impl KeyNode for NodeShared {
         by_age.sort_by_key(|(used, _)| *used);
         // The oldest may have been used since it was looked at: the next.
         by_age.iter().any(|(_, slot)| slot.evict_oldest(cause))
-            || modules.values().any(|slot| slot.evictions_in_flight() > 0)
+    }
+
+    fn evictions_in_flight(&self) -> usize {
+        let modules = self.modules.load();
+        modules
+            .values()
+            .map(|slot| slot.evictions_in_flight())
+            .sum()
     }
 
     fn has_module(&self, module: &str) -> bool {
