@@ -152,13 +152,8 @@ async fn only_busy_keys_refuse_and_the_refusal_names_the_budget() {
         call_text(&node, "hostile", "timed", "rearm-zero").await,
         "armed"
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let refused = node
-        .call("hostile", "third", b"ping".to_vec())
-        .await
-        .expect_err("every live key is busy or has a timer");
+    let refused = third_refused(&node, "every live key is busy or has a timer").await;
     assert!(matches!(refused, Error::TooManyKeys { .. }), "{refused}");
-    assert_eq!(refused.code(), "too_many_keys");
     assert!(refused.to_string().contains("max_live_keys"), "{refused}");
     // The timed key is still there, its timer still firing.
     assert!(node.keys().iter().any(|k| k.key == "timed"));
@@ -190,6 +185,16 @@ async fn only_busy_keys_refuse_and_the_refusal_names_the_budget() {
     node.kill_key("hostile", "timed");
 }
 
+/// A node with `max_live_keys = 2` serving `hostile` (its own budget far
+/// above: the node's is the one reached).
+async fn hostile_node_of_two_keys() -> Instance {
+    let config = NodeConfig {
+        max_live_keys: 2,
+        ..test_config()
+    };
+    node_with_options(config, &[("hostile", guests::HOSTILE, budget(100))]).await
+}
+
 /// At the node's `max_live_keys` a new key starts at once, in the instance
 /// pool's reserve, while its victim retires: it does not wait for the
 /// victim's store to drop. `max_live_keys = 2`: `slow-terminate-old` (whose
@@ -201,11 +206,7 @@ async fn only_busy_keys_refuse_and_the_refusal_names_the_budget() {
 /// back at its budget, the eviction counted for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_key_at_the_nodes_budget_does_not_wait_for_its_victim_to_retire() {
-    let config = NodeConfig {
-        max_live_keys: 2,
-        ..test_config()
-    };
-    let node = node_with_options(config, &[("hostile", guests::HOSTILE, budget(100))]).await;
+    let node = hostile_node_of_two_keys().await;
     for key in ["slow-terminate-old", "young"] {
         assert_eq!(served_soon(&node, key).await, b"pong");
     }
@@ -249,22 +250,13 @@ async fn a_new_key_at_the_nodes_budget_does_not_wait_for_its_victim_to_retire() 
 /// check the third would start in the reserve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_busy_keys_refuse_at_the_nodes_budget_though_the_reserve_is_free() {
-    let config = NodeConfig {
-        max_live_keys: 2,
-        ..test_config()
-    };
-    let node = node_with_options(config, &[("hostile", guests::HOSTILE, budget(100))]).await;
+    let node = hostile_node_of_two_keys().await;
     for spinner in ["spinner-1", "spinner-2"] {
         node.cast("hostile", spinner, b"loop".to_vec())
             .expect("cast");
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let refused = node
-        .call("hostile", "third", b"ping".to_vec())
-        .await
-        .expect_err("every live key is busy");
+    let refused = third_refused(&node, "every live key is busy").await;
     assert!(matches!(refused, Error::PoolFull { .. }), "{refused}");
-    assert_eq!(refused.code(), "too_many_keys");
     assert!(
         refused
             .to_string()
@@ -274,6 +266,19 @@ async fn only_busy_keys_refuse_at_the_nodes_budget_though_the_reserve_is_free() 
     assert!(node.kill_key("hostile", "spinner-1"));
     assert_eq!(served_soon(&node, "third").await, b"pong");
     node.kill_key("hostile", "spinner-2");
+}
+
+/// The refusal of a call to a third key of `hostile` (`why`: why it must
+/// be refused), once the callbacks cast before have begun: a 429
+/// `too_many_keys`.
+async fn third_refused(node: &Instance, why: &str) -> Error {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let refused = node
+        .call("hostile", "third", b"ping".to_vec())
+        .await
+        .expect_err(why);
+    assert_eq!(refused.code(), "too_many_keys");
+    refused
 }
 
 /// `ping` `key` of `hostile` until it is not refused for a budget (for at
