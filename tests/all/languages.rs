@@ -662,12 +662,13 @@ fn a_restarted_node_serves_python_keys_without_recompiling() {
 /// A node whose instance pool is too small for an interpreter's keys says so
 /// (a 429 `too_many_keys` naming the pool), instead of reporting the key as
 /// dead, and goes on serving keys that fit. The pool sets aside 4 core
-/// instances per key of `max_live_keys`; a componentize-py key needs more, so
-/// on a node with `max_live_keys = 2` not one Python key fits.
+/// instances per slot (the keys of `max_live_keys` and the reserve for keys
+/// retiring, `docs/eviction.md`); a componentize-py key needs 14, so on a
+/// node with `max_live_keys = 1` (a pool of 2 slots) not one Python key fits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_instance_pool_is_a_clear_refusal_not_a_dead_key() {
     let node = Instance::start_embedded(NodeConfig {
-        max_live_keys: 2,
+        max_live_keys: 1,
         ..script_config()
     })
     .await
