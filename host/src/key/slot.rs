@@ -365,7 +365,14 @@ impl ModuleSlot {
             },
         );
         let (start, activation) = if by_task {
-            (Start::Here { held, handoff }, None)
+            (
+                Start::Here {
+                    held,
+                    handoff,
+                    replacing,
+                },
+                None,
+            )
         } else {
             let activation = Activation {
                 held,
