@@ -220,7 +220,7 @@ pub(super) async fn run_activation(
     let started = tokio::select! {
         biased;
         () = control.killed() => None,
-        started = start_in_pool(&services, &module, &env, handoff.as_deref(), meter, true, true) => Some(started),
+        started = start_in_pool(&services, &module, &env, handoff.as_deref(), meter, true) => Some(started),
     };
     match started {
         None => return Err(killed(&control)),

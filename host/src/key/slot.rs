@@ -365,14 +365,7 @@ impl ModuleSlot {
             },
         );
         let (start, activation) = if by_task {
-            (
-                Start::Here {
-                    held,
-                    handoff,
-                    replacing,
-                },
-                None,
-            )
+            (Start::Here { held, handoff }, None)
         } else {
             let activation = Activation {
                 held,

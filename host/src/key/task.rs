@@ -60,10 +60,6 @@ pub(super) enum Start {
     Here {
         held: ProcessGuard,
         handoff: Option<Vec<u8>>,
-        /// The next process of a key that just retired with messages
-        /// queued: it takes the room its previous process left, with no
-        /// budget check (`ModuleSlot::retired`).
-        replacing: bool,
     },
     /// By the routed call that activated the key, on its caller's task
     /// (`inline.rs`, `run_activation`), which holds the process: the task
@@ -166,7 +162,6 @@ async fn drive_key(
     if let Start::Here {
         held: guard,
         handoff,
-        replacing,
     } = start
     {
         services.observe(&env.module, &key, KeyLifeEvent::Started);
@@ -177,7 +172,7 @@ async fn drive_key(
             ))),
             // Boxed, like the other guest calls below: the task's own
             // future stays small (it lives as long as the key).
-            r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu, false, !replacing)) => r,
+            r = Box::pin(start_in_pool(&services, &module, &env, handoff.as_deref(), cpu, false)) => r,
         };
         match started {
             Ok(process) => {
@@ -546,8 +541,6 @@ const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// the pool itself is full (the reserve used up by retiring keys) does the
 /// start wait for a slot to be freed (for at most [`POOL_WAIT`]).
 /// `inline`: on the activating caller's task (see [`KeyProcess::start`]).
-/// `budgeted`: false for a retired key's next process, which takes the room
-/// its previous one left (no eviction, no refusal for the budget).
 pub(super) async fn start_in_pool(
     services: &Arc<KeyServices>,
     module: &CompiledModule,
@@ -555,7 +548,6 @@ pub(super) async fn start_in_pool(
     handoff: Option<&[u8]>,
     cpu: Meter,
     inline: bool,
-    budgeted: bool,
 ) -> Result<KeyProcess> {
     let deadline = tokio::time::Instant::now() + POOL_WAIT;
     // Past the node's memory budget every activation makes room first (the
@@ -568,7 +560,7 @@ pub(super) async fn start_in_pool(
         node.evict_oldest_idle(Eviction::MemoryBudget);
     }
     let budget = services.config.max_live_keys as usize;
-    if budgeted && let Some(node) = services.node() {
+    if let Some(node) = services.node() {
         let live = services
             .guest_memory
             .stores()
