@@ -268,6 +268,36 @@ async fn only_busy_keys_refuse_at_the_nodes_budget_though_the_reserve_is_free() 
     node.kill_key("hostile", "spinner-2");
 }
 
+/// Keys retiring do not hide idle ones from the next eviction: with
+/// `max_live_keys = 100` (the pool's reserve: 100 more), 100 idle
+/// `slow-terminate-…` keys (each `terminate` takes 1.5 s) are live, then 100
+/// new keys are called one after another: each evicts one of the first, and
+/// their retirements pile up. Every new key is served. Before the victim's
+/// scan skipped the keys already retiring, the 65th new key found only
+/// retiring keys among the 64 oldest and was refused `PoolFull` with 36 idle
+/// keys live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_retiring_do_not_hide_idle_keys_from_the_next_eviction() {
+    let config = NodeConfig {
+        max_live_keys: 100,
+        ..test_config()
+    };
+    let node = node_with_options(config, &[("hostile", guests::HOSTILE, budget(1000))]).await;
+    for i in 0..100 {
+        assert_eq!(
+            served_soon(&node, &format!("slow-terminate-{i}")).await,
+            b"pong"
+        );
+    }
+    for i in 0..100 {
+        let key = format!("new-{i}");
+        match node.call("hostile", &key, b"ping".to_vec()).await {
+            Ok(reply) => assert_eq!(reply, b"pong"),
+            Err(e) => panic!("{key} refused with idle keys live: {e}"),
+        }
+    }
+}
+
 /// The refusal of a call to a third key of `hostile` (`why`: why it must
 /// be refused), once the callbacks cast before have begun: a 429
 /// `too_many_keys`.
