@@ -243,6 +243,49 @@ async fn a_new_key_at_the_nodes_budget_does_not_wait_for_its_victim_to_retire() 
     );
 }
 
+/// A retired key's next process (its queued messages need one) counts
+/// against the node's `max_live_keys` like any start: `max_live_keys = 2`,
+/// `slow-terminate-old` and `young` idle; `new` evicts the older, and a call
+/// to it while it is in its 1.5 s `terminate` queues for its next process.
+/// That process starts at the budget (`young` and `new` live), so `young`,
+/// now the least recently used idle key, retires for it: the node settles
+/// at 2 live keys, two `node_budget` evictions counted. Without the check
+/// (`095639d`) the node stayed at 3 until the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_keys_next_process_makes_room_at_the_nodes_budget() {
+    let node = hostile_node_of_two_keys().await;
+    for key in ["slow-terminate-old", "young", "new"] {
+        assert_eq!(served_soon(&node, key).await, b"pong");
+    }
+    assert_eq!(
+        node.call("hostile", "slow-terminate-old", b"ping".to_vec())
+            .await
+            .expect("served by its next process"),
+        b"pong"
+    );
+    let mut settled = (usize::MAX, 0.0);
+    for _ in 0..300 {
+        settled = (
+            node.keys().len(),
+            evicted(&node, "hostile", "node_budget").await,
+        );
+        if settled == (2, 2.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        settled,
+        (2, 2.0),
+        "(live keys, evictions for the node's budget)"
+    );
+    let live: Vec<String> = node.keys().into_iter().map(|k| k.key).collect();
+    assert!(
+        !live.iter().any(|k| k == "young"),
+        "the least recently used idle key is still live: {live:?}"
+    );
+}
+
 /// Only busy keys refuse at the node's `max_live_keys` too, though the
 /// pool's reserve is free: two keys spin in a callback with
 /// `max_live_keys = 2`, so a third is refused `PoolFull`, naming the budget;
