@@ -344,8 +344,15 @@ async fn many_keys(mode: Mode, store: &Store) -> Vec<String> {
         .expect("the callers are done")
         .shutdown()
         .await;
+    // A `get` keeps its key busy for microseconds and 8 callers can hold at
+    // most 8 keys: a refusal here is a bug of the victim's choice, not a
+    // full node (one went unseen once: 88 % of the calls, fixed in `4e46bf9`).
+    assert_eq!(
+        refused, 0,
+        "calls refused with idle keys live: the eviction did not find them"
+    );
     vec![format!(
-        "many keys, {}: {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, {refused} refused (every live key busy), {live} live at the end, RSS {} MiB before the node, {} MiB after; PSS (each shared page once) {} MiB before, {} MiB after; the machine's memory in use grew {} MiB (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
+        "many keys, {}: {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, none refused, {live} live at the end, RSS {} MiB before the node, {} MiB after; PSS (each shared page once) {} MiB before, {} MiB after; the machine's memory in use grew {} MiB (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
         store.name(),
         prefill_time.as_secs_f64(),
         touch as f64 / elapsed.as_secs_f64(),
