@@ -218,6 +218,15 @@ async fn cut_node_kills_its_keys_at_the_fence_point() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(killed >= 1, "the fence killed no key, but alice was live");
+    // The renewals the cut swallowed say so before the fence (they timed
+    // out silently before `renew got no answer in time` was logged).
+    assert!(
+        node.log_text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("renew got no answer in time")),
+        "no renewal timeout was logged before the fence:\n{}",
+        node.log_tail(30)
+    );
     let row = db
         .query_one(
             "SELECT (extract(epoch FROM $1::text::timestamptz) * 1000)::bigint,

@@ -180,9 +180,21 @@ impl NodeShared {
         };
         self.coordination_handle().spawn(async move {
             let ns = node.config.namespace.clone();
+            // Named before the request moves: a lease request that times
+            // out is logged as its failures are (`ask_arbiter`).
+            let lease_request = match &request {
+                Request::Register => Some("join"),
+                Request::Renew(_) => Some("renew"),
+                _ => None,
+            };
             let reply = tokio::time::timeout(limit, ask_arbiter(&node, &ns, request))
                 .await
-                .unwrap_or_else(|_| Reply::Failed("no answer in time".to_owned()));
+                .unwrap_or_else(|_| {
+                    if let Some(what) = lease_request {
+                        tracing::warn!(node = %node.node_id, after = ?limit, "{what} got no answer in time");
+                    }
+                    Reply::Failed("no answer in time".to_owned())
+                });
             node.apply(|m, now| answer(m, now, reply));
         });
     }
