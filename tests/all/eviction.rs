@@ -231,7 +231,9 @@ async fn a_new_key_at_the_nodes_budget_does_not_wait_for_its_victim_to_retire() 
 /// A retired key's next process (its queued messages need one) counts
 /// against the node's `max_live_keys` like any start: `max_live_keys = 2`,
 /// `slow-terminate-old` and `young` idle; `new` evicts the older, and a call
-/// to it while it is in its 1.5 s `terminate` queues for its next process.
+/// to it once it is in its 1.5 s `terminate` queues for its next process (a
+/// call that reached it before its task saw the order would be served by
+/// the old process, which then retires: the test waits for the `terminate`).
 /// That process starts at the budget (`young` and `new` live), so `young`,
 /// now the least recently used idle key, retires for it: the node settles
 /// at 2 live keys, two `node_budget` evictions counted. Without the check
@@ -242,6 +244,7 @@ async fn a_retired_keys_next_process_makes_room_at_the_nodes_budget() {
     for key in ["slow-terminate-old", "young", "new"] {
         assert_eq!(served_soon(&node, key).await, b"pong");
     }
+    fief_tests::slow_terminate_begun(&node, "slow-terminate-old").await;
     assert_eq!(
         node.call("hostile", "slow-terminate-old", b"ping".to_vec())
             .await

@@ -148,21 +148,7 @@ async fn a_message_during_an_idle_terminate_waits_for_the_next_process() {
     let key = "slow-terminate";
     assert_eq!(call_text(&node, "hostile", key, "ping").await, "pong");
     // Its terminate(idle) has begun (and blocks for 1.5 s).
-    let cache = node.cache();
-    let mut terminating = false;
-    for _ in 0..200 {
-        if cache
-            .get("terminating", key)
-            .await
-            .expect("cache get")
-            .is_some()
-        {
-            terminating = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(terminating, "the key did not retire");
+    fief_tests::slow_terminate_begun(&node, key).await;
     assert_eq!(call_text(&node, "hostile", key, "ping").await, "pong");
     let events = lives.of("hostile", key);
     use fief::KeyLifeEvent::{Ended, Started};

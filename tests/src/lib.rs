@@ -189,6 +189,28 @@ where
     }
 }
 
+/// Wait (at most 10 s) until `key`, a `slow-terminate…` key of the hostile
+/// guest, has begun its `terminate` (which then blocks for 1.5 s): it says
+/// so in cache namespace `terminating` first.
+pub async fn slow_terminate_begun(node: &Instance, key: &str) {
+    let cache = node.cache();
+    eventually_async(
+        Duration::from_secs(10),
+        "the key's terminate to begin",
+        || {
+            let cache = cache.clone();
+            async move {
+                cache
+                    .get("terminating", key)
+                    .await
+                    .expect("cache get")
+                    .is_some()
+            }
+        },
+    )
+    .await;
+}
+
 /// The node's HTTP API served on a real socket (127.0.0.1, a free port) until
 /// dropped.
 pub struct HttpServer {
