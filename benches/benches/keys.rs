@@ -6,7 +6,10 @@
 //!   process started again, its state loaded from the store, a victim
 //!   evicted to make room), p50 and p99, interleaved sample by sample with
 //!   raw: a cold instantiate of the same component with raw wasmtime plus
-//!   one read of a redb file holding as many rows. Target ≤ 2×.
+//!   one read of a redb file holding as many rows. Target ≤ 2×. Then raw
+//!   alone, the node idle: interleaved, raw's starts run beside Fief's
+//!   victims retiring on the other cores, which slows them on a 2-vCPU VM
+//!   (docs/benchmarks.md, "Issue 20, fifteenth pass").
 //! - `many_keys`: `KEYS` keys of `examples/stored-counter` with stored
 //!   state (written to the embedded store before the node starts), `TOUCH`
 //!   distinct keys touched by 8 callers (`get`, each key once) on a node
@@ -234,6 +237,23 @@ async fn reactivation(mode: Mode) -> Vec<String> {
             .await
             .expect("warm-up");
     }
+    let raw_once = |key: String| {
+        let (raw, raw_db) = (&raw, &raw_db);
+        async move {
+            let started = Instant::now();
+            let instance = raw.start(&key).await;
+            let read = raw_db.begin_read().expect("a read");
+            let t = read.open_table(table).expect("the table");
+            let value = t
+                .get(key.as_str())
+                .expect("the read")
+                .map(|v| v.value().to_vec());
+            let took = started.elapsed();
+            assert_eq!(value.as_deref(), Some(&b"7"[..]));
+            drop(instance);
+            took
+        }
+    };
     let (mut fief, mut base) = (Vec::new(), Vec::new());
     for s in 0..samples {
         // A key not touched for at least `budget` calls: evicted.
@@ -245,29 +265,31 @@ async fn reactivation(mode: Mode) -> Vec<String> {
             .expect("a reactivation");
         fief.push(started.elapsed());
         assert!(!reply.is_empty());
-        let started = Instant::now();
-        let instance = raw.start(&key).await;
-        let read = raw_db.begin_read().expect("a read");
-        let t = read.open_table(table).expect("the table");
-        let value = t
-            .get(key.as_str())
-            .expect("the read")
-            .map(|v| v.value().to_vec());
-        base.push(started.elapsed());
-        assert_eq!(value.as_deref(), Some(&b"7"[..]));
-        drop(instance);
+        base.push(raw_once(key).await);
+    }
+    // Raw again with the node idle (its last victims retired): interleaved,
+    // raw's starts ran beside Fief's victims retiring on the other cores.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut alone = Vec::new();
+    for s in 0..samples {
+        alone.push(raw_once(key_name(s % keys)).await);
     }
     node.shutdown().await;
     let (f50, f99) = (quantile(&mut fief, 0.5), quantile(&mut fief, 0.99));
     let (r50, r99) = (quantile(&mut base, 0.5), quantile(&mut base, 0.99));
+    let (a50, a99) = (quantile(&mut alone, 0.5), quantile(&mut alone, 0.99));
     vec![format!(
-        "reactivation ({samples} samples, {keys} stored, budget {budget}): Fief p50 {} p99 {} · raw (cold instantiate + redb read) p50 {} p99 {} · {:.2}× / {:.2}× (target ≤ 2×)",
+        "reactivation ({samples} samples, {keys} stored, budget {budget}): Fief p50 {} p99 {} · raw (cold instantiate + redb read) p50 {} p99 {} · {:.2}× / {:.2}× (target ≤ 2×) · raw alone, after Fief's loop, p50 {} p99 {} · Fief {:.2}× / {:.2}× that",
         fmt_duration(f50),
         fmt_duration(f99),
         fmt_duration(r50),
         fmt_duration(r99),
         f50.as_secs_f64() / r50.as_secs_f64(),
         f99.as_secs_f64() / r99.as_secs_f64(),
+        fmt_duration(a50),
+        fmt_duration(a99),
+        f50.as_secs_f64() / a50.as_secs_f64(),
+        f99.as_secs_f64() / a99.as_secs_f64(),
     )]
 }
 
