@@ -6,10 +6,10 @@
 //!   process started again, its state loaded from the store, a victim
 //!   evicted to make room), p50 and p99, interleaved sample by sample with
 //!   raw: a cold instantiate of the same component with raw wasmtime plus
-//!   one read of a redb file holding as many rows. Target ≤ 2×. Then raw
-//!   alone, the node idle: interleaved, raw's starts run beside Fief's
-//!   victims retiring on the other cores, which slows them on a 2-vCPU VM
-//!   (docs/benchmarks.md, "Issue 20, fifteenth pass").
+//!   one read of a redb file holding as many rows. Target ≤ 2×. Then each
+//!   side alone, in a loop of its own: interleaved, raw's starts run beside
+//!   Fief's victims retiring on the other cores, which slows them on a
+//!   2-vCPU VM (docs/benchmarks.md, "Issue 20, fifteenth pass").
 //! - `many_keys`: `KEYS` keys of `examples/stored-counter` with stored
 //!   state (written to the embedded store before the node starts), `TOUCH`
 //!   distinct keys touched by 8 callers (`get`, each key once) on a node
@@ -267,29 +267,52 @@ async fn reactivation(mode: Mode) -> Vec<String> {
         assert!(!reply.is_empty());
         base.push(raw_once(key).await);
     }
-    // Raw again with the node idle (its last victims retired): interleaved,
-    // raw's starts ran beside Fief's victims retiring on the other cores.
+    // Each side again in a loop of its own, the other idle: interleaved,
+    // raw's starts ran beside Fief's victims retiring on the other cores,
+    // and each side after the other's work in the caches.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let mut alone = Vec::new();
+    let mut raw_alone = Vec::new();
     for s in 0..samples {
-        alone.push(raw_once(key_name(s % keys)).await);
+        raw_alone.push(raw_once(key_name(s % keys)).await);
+    }
+    let mut fief_alone = Vec::new();
+    for s in 0..samples {
+        // Keys past the first loop's: evicted too.
+        let key = key_name((budget as usize + samples + s) % keys);
+        let started = Instant::now();
+        let reply = node
+            .call(STORED, &key, b"get".to_vec())
+            .await
+            .expect("a reactivation");
+        fief_alone.push(started.elapsed());
+        assert!(!reply.is_empty());
     }
     node.shutdown().await;
     let (f50, f99) = (quantile(&mut fief, 0.5), quantile(&mut fief, 0.99));
     let (r50, r99) = (quantile(&mut base, 0.5), quantile(&mut base, 0.99));
-    let (a50, a99) = (quantile(&mut alone, 0.5), quantile(&mut alone, 0.99));
+    let (fa50, fa99) = (
+        quantile(&mut fief_alone, 0.5),
+        quantile(&mut fief_alone, 0.99),
+    );
+    let (ra50, ra99) = (
+        quantile(&mut raw_alone, 0.5),
+        quantile(&mut raw_alone, 0.99),
+    );
+    let ratio = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
     vec![format!(
-        "reactivation ({samples} samples, {keys} stored, budget {budget}): Fief p50 {} p99 {} · raw (cold instantiate + redb read) p50 {} p99 {} · {:.2}× / {:.2}× (target ≤ 2×) · raw alone, after Fief's loop, p50 {} p99 {} · Fief {:.2}× / {:.2}× that",
+        "reactivation ({samples} samples, {keys} stored, budget {budget}): interleaved: Fief p50 {} p99 {} · raw (cold instantiate + redb read) p50 {} p99 {} · {:.2}× / {:.2}× (target ≤ 2×); each alone: Fief p50 {} p99 {} · raw p50 {} p99 {} · {:.2}× / {:.2}×",
         fmt_duration(f50),
         fmt_duration(f99),
         fmt_duration(r50),
         fmt_duration(r99),
-        f50.as_secs_f64() / r50.as_secs_f64(),
-        f99.as_secs_f64() / r99.as_secs_f64(),
-        fmt_duration(a50),
-        fmt_duration(a99),
-        f50.as_secs_f64() / a50.as_secs_f64(),
-        f99.as_secs_f64() / a99.as_secs_f64(),
+        ratio(f50, r50),
+        ratio(f99, r99),
+        fmt_duration(fa50),
+        fmt_duration(fa99),
+        fmt_duration(ra50),
+        fmt_duration(ra99),
+        ratio(fa50, ra50),
+        ratio(fa99, ra99),
     )]
 }
 
