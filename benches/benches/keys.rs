@@ -254,17 +254,24 @@ async fn reactivation(mode: Mode) -> Vec<String> {
             took
         }
     };
+    let fief_once = |key: String| {
+        let node = &node;
+        async move {
+            let started = Instant::now();
+            let reply = node
+                .call(STORED, &key, b"get".to_vec())
+                .await
+                .expect("a reactivation");
+            let took = started.elapsed();
+            assert!(!reply.is_empty());
+            took
+        }
+    };
     let (mut fief, mut base) = (Vec::new(), Vec::new());
     for s in 0..samples {
         // A key not touched for at least `budget` calls: evicted.
         let key = key_name((budget as usize + s) % keys);
-        let started = Instant::now();
-        let reply = node
-            .call(STORED, &key, b"get".to_vec())
-            .await
-            .expect("a reactivation");
-        fief.push(started.elapsed());
-        assert!(!reply.is_empty());
+        fief.push(fief_once(key.clone()).await);
         base.push(raw_once(key).await);
     }
     // Each side again in a loop of its own, the other idle: interleaved,
@@ -278,14 +285,7 @@ async fn reactivation(mode: Mode) -> Vec<String> {
     let mut fief_alone = Vec::new();
     for s in 0..samples {
         // Keys past the first loop's: evicted too.
-        let key = key_name((budget as usize + samples + s) % keys);
-        let started = Instant::now();
-        let reply = node
-            .call(STORED, &key, b"get".to_vec())
-            .await
-            .expect("a reactivation");
-        fief_alone.push(started.elapsed());
-        assert!(!reply.is_empty());
+        fief_alone.push(fief_once(key_name((budget as usize + samples + s) % keys)).await);
     }
     node.shutdown().await;
     let (f50, f99) = (quantile(&mut fief, 0.5), quantile(&mut fief, 0.99));
