@@ -6,7 +6,8 @@
 //! - a handler that traps is retried with backoff and sees the attempt;
 //! - a handler that sets a new alarm keeps it;
 //! - an alarm wakes an evicted key (and a never-live one);
-//! - an alarm survives a restart of its node (embedded storage on disk);
+//! - an alarm survives a restart of its node (embedded storage on disk),
+//!   and the partitions a node takes wake its alarm loop;
 //! - a flood is bounded: `max_alarms_per_key` per key, its ceiling per
 //!   node, ten years ahead at most.
 
@@ -189,12 +190,42 @@ async fn an_alarm_wakes_an_evicted_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alarm_fires_after_its_node_restarts() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = || NodeConfig {
-        data_dir: Some(dir.path().to_path_buf()),
-        ..test_config()
-    };
+    let at = set_and_shut_down(dir.path()).await;
+    let second = restart(dir.path(), |builder| builder).await;
+    let log = wait_fired(&second, "eve", 1, Duration::from_secs(10)).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(log[0].2 >= at, "fired at {}, before {at}", log[0].2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fired(&second, "eve").await.len(), 1);
+    second.shutdown().await;
+}
+
+/// Partitions taken wake the alarm loop: with its look at the routing view
+/// made only once an hour otherwise, a node restarted on an alarm's data
+/// still loads the partitions it takes at start and fires the alarm. (The
+/// loop's first look comes before the node holds its lease, so without the
+/// wake it would wait the hour; with a 250 ms period, the node's first
+/// keys' loads each raised their partition's fence in a write round of
+/// their own meanwhile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_taken_at_start_have_their_alarms_loaded_at_once() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let at = set_and_shut_down(dir.path()).await;
+    let second = restart(dir.path(), |builder| {
+        builder.alarm_reconcile_period(Duration::from_secs(3600))
+    })
+    .await;
+    let log = wait_fired(&second, "eve", 1, Duration::from_secs(10)).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(log[0].2 >= at, "fired at {}, before {at}", log[0].2);
+    second.shutdown().await;
+}
+
+/// A node on `data_dir` whose key `eve` sets an alarm 700 ms ahead, then
+/// shuts down; returns the alarm's time.
+async fn set_and_shut_down(data_dir: &std::path::Path) -> u64 {
     let first = node_with_options(
-        config(),
+        disk_config(data_dir),
         &[("reminders", guests::REMINDERS, ModuleOptions::default())],
     )
     .await;
@@ -203,35 +234,38 @@ async fn an_alarm_fires_after_its_node_restarts() {
         .parse()
         .expect("a time");
     first.shutdown().await;
+    at
+}
+
+/// A node started on `data_dir` with `reminders`, as `choose` builds it,
+/// once the node before has released the store.
+async fn restart(
+    data_dir: &std::path::Path,
+    choose: impl Fn(fief::InstanceBuilder) -> fief::InstanceBuilder,
+) -> Instance {
     // The first node's store closes once its last task has let go of it.
-    let mut second = None;
     for _ in 0..100 {
-        let started = Instance::builder(config())
-            .module(
-                "reminders",
-                guests::bytes(guests::REMINDERS),
-                ModuleOptions::default(),
-            )
-            .start()
-            .await;
-        match started {
-            Ok(node) => {
-                second = Some(node);
-                break;
-            }
+        let builder = Instance::builder(disk_config(data_dir)).module(
+            "reminders",
+            guests::bytes(guests::REMINDERS),
+            ModuleOptions::default(),
+        );
+        match choose(builder).start().await {
+            Ok(node) => return node,
             Err(e) if e.to_string().contains("locked") => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => panic!("the second node: {e}"),
         }
     }
-    let second = second.expect("the first node's store was released within 5 s");
-    let log = wait_fired(&second, "eve", 1, Duration::from_secs(10)).await;
-    assert_eq!(log.len(), 1, "{log:?}");
-    assert!(log[0].2 >= at, "fired at {}, before {at}", log[0].2);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(fired(&second, "eve").await.len(), 1);
-    second.shutdown().await;
+    panic!("the first node's store was not released within 5 s");
+}
+
+fn disk_config(data_dir: &std::path::Path) -> NodeConfig {
+    NodeConfig {
+        data_dir: Some(data_dir.to_path_buf()),
+        ..test_config()
+    }
 }
 
 /// Alarms are bounded: past `max_alarms_per_key` a new name is refused

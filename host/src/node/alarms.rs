@@ -16,7 +16,7 @@
 //! this node from asking when it need not.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -37,9 +37,12 @@ use crate::sync::lock;
 /// can make the node spend at once).
 pub(crate) const MAX_FIRINGS_IN_FLIGHT: usize = 4096;
 
-/// How often the loop looks at the routing view when nothing wakes it
-/// (partitions gained or lost, the lease lost or back).
-const RECONCILE_PERIOD: Duration = Duration::from_millis(250);
+/// How often the loop looks at the routing view when nothing wakes it.
+/// The coordination wakes it when the routing view is republished or the
+/// lease turns current or stops being so ([`NodeAlarms::partitions_may_have_changed`]);
+/// the period only backs that up (a failed load's retry, a lease that ran
+/// out between two inputs).
+pub(crate) const RECONCILE_PERIOD: Duration = Duration::from_millis(250);
 
 /// After a partition's alarm load failed, how long before it is asked again.
 const LOAD_RETRY: Duration = Duration::from_secs(1);
@@ -57,11 +60,17 @@ pub(crate) struct NodeAlarms {
     retry_loads_at: std::sync::atomic::AtomicU64,
     in_flight: AtomicUsize,
     wake: Notify,
+    /// The loop is to look at the routing view at its next turn.
+    reconcile_asked: AtomicBool,
+    /// Whether the lease was current at the coordination's last input.
+    lease_was_current: AtomicBool,
+    /// The loop's period when nothing wakes it ([`RECONCILE_PERIOD`]).
+    reconcile_period: Duration,
     pub(crate) metrics: AlarmMetrics,
 }
 
 impl NodeAlarms {
-    pub(crate) fn new(metrics: AlarmMetrics) -> Self {
+    pub(crate) fn new(metrics: AlarmMetrics, reconcile_period: Duration) -> Self {
         NodeAlarms {
             schedule: Mutex::new(AlarmSchedule::new(RetryPolicy::default())),
             owned: Mutex::new(BTreeMap::new()),
@@ -69,7 +78,28 @@ impl NodeAlarms {
             retry_loads_at: std::sync::atomic::AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             wake: Notify::new(),
+            reconcile_asked: AtomicBool::new(false),
+            lease_was_current: AtomicBool::new(false),
+            reconcile_period,
             metrics,
+        }
+    }
+
+    /// Told by the coordination after each input: whether it republished
+    /// the routing view, and whether the lease is current now. If either
+    /// may have changed what this node serves, the loop looks at once, so a
+    /// partition just taken has its alarms loaded (and its fence raised, in
+    /// one round for all of them) before its keys' first loads would each
+    /// raise it in a round of their own, and its due alarms fire without
+    /// waiting for the period.
+    pub(crate) fn partitions_may_have_changed(&self, view_changed: bool, lease_current: bool) {
+        let lease_changed = self
+            .lease_was_current
+            .swap(lease_current, Ordering::Relaxed)
+            != lease_current;
+        if view_changed || lease_changed {
+            self.reconcile_asked.store(true, Ordering::Release);
+            self.wake.notify_one();
         }
     }
 
@@ -241,7 +271,8 @@ pub(crate) async fn run(node: Weak<NodeShared>) {
         // A wake-up while this turn works is kept (`notify_one` leaves a
         // permit) and ends the wait below at once.
         let alarms = shared.alarms.clone();
-        if last_reconcile.is_none_or(|at| at.elapsed() >= RECONCILE_PERIOD) {
+        let asked = alarms.reconcile_asked.swap(false, Ordering::Acquire);
+        if asked || last_reconcile.is_none_or(|at| at.elapsed() >= alarms.reconcile_period) {
             shared.reconcile_alarms();
             last_reconcile = Some(std::time::Instant::now());
         }
@@ -261,9 +292,9 @@ pub(crate) async fn run(node: Weak<NodeShared>) {
         let full = alarms.in_flight() >= MAX_FIRINGS_IN_FLIGHT;
         let until_next = match next {
             Some(at) if !full => {
-                Duration::from_millis(at.saturating_sub(wall_ms())).min(RECONCILE_PERIOD)
+                Duration::from_millis(at.saturating_sub(wall_ms())).min(alarms.reconcile_period)
             }
-            _ => RECONCILE_PERIOD,
+            _ => alarms.reconcile_period,
         };
         tokio::select! {
             () = alarms.wake.notified() => {}

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use fief_core::coordinator::{Reply, Request, lost};
 use fief_core::membership::Effect;
-use fief_core::{Instant, Membership, OwnershipTable};
+use fief_core::{Instant, LeaseStatus, Membership, OwnershipTable};
 use tokio::runtime::Handle;
 
 use super::NodeShared;
@@ -72,7 +72,8 @@ impl NodeShared {
         let now = self.clock.now();
         let (result, effects) = input(&mut m, now);
         let view = m.view();
-        if !Arc::ptr_eq(&self.view(), &view) {
+        let view_changed = !Arc::ptr_eq(&self.view(), &view);
+        if view_changed {
             self.view.store(view);
         }
         if effects.iter().any(|e| matches!(e, Effect::MembersChanged)) {
@@ -82,6 +83,9 @@ impl NodeShared {
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = m.members().clone();
         }
         drop(m);
+        let lease_current = matches!(self.gate_status(), LeaseStatus::Current { .. });
+        self.alarms
+            .partitions_may_have_changed(view_changed, lease_current);
         for effect in effects {
             self.execute(effect);
         }

@@ -12,6 +12,7 @@
 use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 use fief_core::{Membership, MembershipConfig, NodeId};
 use tokio::sync::watch;
@@ -45,6 +46,7 @@ pub struct InstanceBuilder {
     events: Option<NodeEventObserver>,
     storage: Option<Arc<dyn crate::storage::Backend>>,
     modules: Vec<(String, Vec<u8>, ModuleOptions)>,
+    alarm_reconcile_period: Option<Duration>,
 }
 
 impl InstanceBuilder {
@@ -95,6 +97,15 @@ impl InstanceBuilder {
     /// config, if set; otherwise the node takes no forwarded messages).
     pub fn peer_listener(mut self, listener: tokio::net::TcpListener) -> Self {
         self.peer_listener = Some(listener);
+        self
+    }
+
+    /// Let the alarm loop look at the routing view only every `period` when
+    /// nothing wakes it (default 250 ms). For tests: a long period shows
+    /// that partitions taken wake the loop without it.
+    #[doc(hidden)]
+    pub fn alarm_reconcile_period(mut self, period: Duration) -> Self {
+        self.alarm_reconcile_period = Some(period);
         self
     }
 
@@ -182,7 +193,11 @@ impl InstanceBuilder {
         };
         let metrics = crate::metrics::Metrics::new();
         let storage = crate::storage::writer::StorageWriter::start(backend, metrics.storage());
-        let alarms = Arc::new(super::alarms::NodeAlarms::new(metrics.alarms()));
+        let alarms = Arc::new(super::alarms::NodeAlarms::new(
+            metrics.alarms(),
+            self.alarm_reconcile_period
+                .unwrap_or(super::alarms::RECONCILE_PERIOD),
+        ));
         storage.set_alarm_sink(alarms.clone());
         let peer_listener = match (self.peer_listener, config.peer_listen) {
             (Some(listener), _) => Some(listener),
@@ -368,8 +383,7 @@ fn etcd_module_store(config: &NodeConfig) -> Result<String> {
 /// Each HTTP request of an etcd arbiter is bounded well below the renewal
 /// interval (a renewal is two requests, and a hung endpoint costs one
 /// timeout before the next is tried), within 100 ms to 2 s.
-fn etcd_request_timeout(renew_interval: std::time::Duration) -> std::time::Duration {
-    use std::time::Duration;
+fn etcd_request_timeout(renew_interval: Duration) -> Duration {
     (renew_interval / 3).clamp(Duration::from_millis(100), Duration::from_secs(2))
 }
 
@@ -395,6 +409,7 @@ impl Instance {
             events: None,
             storage: None,
             modules: Vec::new(),
+            alarm_reconcile_period: None,
         }
     }
 }
