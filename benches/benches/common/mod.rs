@@ -97,10 +97,12 @@ impl WasiView for RawCtx {
 
 impl fief::bindings::types::Host for RawCtx {}
 
-/// The raw baseline keeps no durable state: every storage call is refused.
+/// The raw baseline keeps no durable state: every key reads as empty (so a
+/// guest's read-only call runs as it would on a key with nothing stored),
+/// and every other storage call is refused.
 impl fief::bindings::storage::Host for RawCtx {
     fn get(&mut self, _: String) -> wasmtime::Result<Result<Option<Vec<u8>>, StorageError>> {
-        Ok(Err(no_storage()))
+        Ok(Ok(None))
     }
     fn put(&mut self, _: String, _: Vec<u8>) -> wasmtime::Result<Result<(), StorageError>> {
         Ok(Err(no_storage()))
