@@ -114,6 +114,7 @@ const TABLE: &[(&str, Row)] = &[
     ("clock", Row::Values),
     ("sync", Row::Values),
     ("line_budget", Row::Values),
+    ("tick_wakes", Row::Values),
     ("token_bucket", Row::Values),
     ("dedicated", Row::Values),
     ("bindings", Row::Values),

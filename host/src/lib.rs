@@ -67,6 +67,7 @@ mod scheduler;
 pub mod storage;
 mod storage_api;
 mod sync;
+mod tick_wakes;
 pub mod tls;
 mod token_bucket;
 mod trace;

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::heap_trim::{HeapTrimmer, TRIM_MIN_DROP, TRIM_PERIOD};
 use crate::key::KeyCtx;
 use crate::scheduler::{Scheduler, guest_threads};
+use crate::tick_wakes::TickWakes;
 
 /// Guard pages after each linear memory in the pool. Memories are bounded by
 /// explicit checks (the reservation is only `max_memory_per_key`), so a small
@@ -49,6 +50,9 @@ pub(crate) struct Runtime {
     pub(crate) compile_cache: Option<CompileCache>,
     /// The order long callbacks continue in, one turn per guest thread.
     pub(crate) scheduler: Arc<Scheduler>,
+    /// Wakes made at the next tick by the ticker thread (an eviction's
+    /// victim: `tick_wakes.rs`).
+    pub(crate) tick_wakes: Arc<TickWakes>,
     ticker: EpochTicker,
     _trimmer: HeapTrimmer,
 }
@@ -109,13 +113,20 @@ impl Runtime {
             .map(|(tenant, weight)| (Arc::from(tenant.as_str()), *weight))
             .collect();
         let scheduler = Arc::new(Scheduler::new(guest_threads(config.guest_threads), weights));
-        let ticker = EpochTicker::start(engine.clone(), scheduler.clone(), config.epoch_tick);
+        let tick_wakes = Arc::new(TickWakes::default());
+        let ticker = EpochTicker::start(
+            engine.clone(),
+            scheduler.clone(),
+            tick_wakes.clone(),
+            config.epoch_tick,
+        );
         let trimmer = HeapTrimmer::start(&engine, TRIM_PERIOD, TRIM_MIN_DROP)?;
         Ok(Runtime {
             engine,
             linker,
             compile_cache,
             scheduler,
+            tick_wakes,
             ticker,
             _trimmer: trimmer,
         })
@@ -214,8 +225,8 @@ fn memory_slots(config: &NodeConfig, slots: u32) -> Result<u32> {
     Ok(slots.saturating_mul(2).min(fit))
 }
 
-/// A thread that increments the engine's epoch every tick, and ticks the
-/// scheduler, until dropped.
+/// A thread that increments the engine's epoch every tick, ticks the
+/// scheduler and makes the wakes deferred to the tick, until dropped.
 struct EpochTicker {
     stop: Arc<AtomicBool>,
     ticks: Arc<AtomicU64>,
@@ -223,7 +234,12 @@ struct EpochTicker {
 }
 
 impl EpochTicker {
-    fn start(engine: Engine, scheduler: Arc<Scheduler>, tick: Duration) -> Self {
+    fn start(
+        engine: Engine,
+        scheduler: Arc<Scheduler>,
+        wakes: Arc<TickWakes>,
+        tick: Duration,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let ticks = Arc::new(AtomicU64::new(0));
         let thread = {
@@ -237,7 +253,10 @@ impl EpochTicker {
                         engine.increment_epoch();
                         ticks.fetch_add(1, Ordering::Relaxed);
                         scheduler.tick();
+                        wakes.flush();
                     }
+                    // Nothing deferred is left unwoken.
+                    wakes.flush();
                 })
                 .expect("spawning the epoch ticker thread")
         };

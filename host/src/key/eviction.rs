@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 
 use super::slot::{KeyHandle, KeyTable, ModuleSlot};
 use super::{Eviction, lock};
+use crate::tick_wakes::TickWakes;
 
 /// Entries looked at from the least recently used end for a victim: a
 /// bound on the work under the table's lock when the oldest keys are busy.
@@ -64,14 +65,20 @@ fn victim(keys: &KeyTable) -> Option<(&str, &KeyHandle)> {
 
 impl ModuleSlot {
     /// Order the least recently used idle key of `keys` (this slot's table,
-    /// locked) to retire, for `cause`. Returns false when none is idle.
-    pub(super) fn evict_one(&self, keys: &mut KeyTable, cause: Eviction) -> bool {
+    /// locked) to retire, for `cause`, its task woken through `wakes` (at
+    /// the next tick: `tick_wakes.rs`). Returns false when none is idle.
+    pub(super) fn evict_one(
+        &self,
+        keys: &mut KeyTable,
+        cause: Eviction,
+        wakes: &TickWakes,
+    ) -> bool {
         let Some(name) = victim(keys).map(|(name, _)| Box::<str>::from(name)) else {
             return false;
         };
         let handle = keys.peek_mut(&name).expect("found above");
         handle.evicting = true;
-        handle.control.order_eviction(cause);
+        handle.control.order_eviction(cause, wakes);
         // Out of the way of the next victim's scan: it stays in the table
         // until its store is dropped, and with more than `EVICTION_SCAN`
         // retiring at once (a busy node's reserve holds hundreds) the scan
@@ -90,9 +97,10 @@ impl ModuleSlot {
     }
 
     /// Order this module's least recently used idle key to retire, for a
-    /// node budget (`cause`). Returns false when none is idle (any more).
-    pub(crate) fn evict_oldest(&self, cause: Eviction) -> bool {
-        self.evict_one(&mut lock(&self.keys), cause)
+    /// node budget (`cause`), its task woken through `wakes`. Returns false
+    /// when none is idle (any more).
+    pub(crate) fn evict_oldest(&self, cause: Eviction, wakes: &TickWakes) -> bool {
+        self.evict_one(&mut lock(&self.keys), cause, wakes)
     }
 
     /// Evictions ordered and not yet done.

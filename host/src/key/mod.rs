@@ -48,8 +48,8 @@ mod storage;
 mod task;
 
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fief_core::alarm::{FireOutcome, Firing};
@@ -59,6 +59,7 @@ use tokio::sync::{Notify, oneshot};
 use crate::bindings::types::{Info, StopReason};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::tick_wakes::{TickWake, TickWakes};
 use crate::trace::TraceContext;
 use crate::wire::ConnEvent;
 
@@ -194,6 +195,13 @@ impl Default for KeyControl {
     }
 }
 
+/// A deferred eviction order's wake (`KeyControl::order_eviction`).
+impl TickWake for KeyControl {
+    fn wake(&self) {
+        self.changed.notify_waiters();
+    }
+}
+
 impl KeyControl {
     /// Make the key a survivor; for a callback key, also order it to run
     /// `handle-fence` with `deadline`.
@@ -206,10 +214,13 @@ impl KeyControl {
         }
     }
 
-    /// Order the key's task to retire the key at its next idle moment.
-    fn order_eviction(&self, cause: Eviction) {
+    /// Order the key's task to retire the key at its next idle moment. The
+    /// order holds at once (a message that wakes the task finds it); the
+    /// task is woken for it at the next epoch tick, not by the caller
+    /// (`tick_wakes.rs`).
+    fn order_eviction(self: &Arc<Self>, cause: Eviction, wakes: &TickWakes) {
         self.evict.store(cause as u8, Ordering::SeqCst);
-        self.changed.notify_waiters();
+        wakes.defer(self.clone());
     }
 
     /// The pending eviction order, if any.

@@ -291,7 +291,7 @@ impl ModuleSlot {
         let evicting = self.evicting.load(Ordering::Relaxed);
         if !replacing
             && keys.len().saturating_sub(evicting) >= options.max_live_keys as usize
-            && !self.evict_one(keys, Eviction::ModuleBudget)
+            && !self.evict_one(keys, Eviction::ModuleBudget, &services.runtime.tick_wakes)
         {
             return Err(Error::TooManyKeys {
                 module: self.name.to_string(),

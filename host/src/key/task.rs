@@ -599,6 +599,9 @@ pub(super) async fn start_in_pool(
         if !room_coming {
             return Err(full);
         }
+        // The victims' wakes were deferred to the next tick: this start
+        // waits for their slots, so it wakes them now.
+        services.runtime.tick_wakes.flush();
         if tokio::time::timeout_at(deadline, freed).await.is_err() {
             return Err(full);
         }

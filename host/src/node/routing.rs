@@ -429,7 +429,10 @@ impl KeyNode for NodeShared {
             .collect();
         by_age.sort_by_key(|(used, _)| *used);
         // The oldest may have been used since it was looked at: the next.
-        by_age.iter().any(|(_, slot)| slot.evict_oldest(cause))
+        let wakes = &self.services.runtime.tick_wakes;
+        by_age
+            .iter()
+            .any(|(_, slot)| slot.evict_oldest(cause, wakes))
     }
 
     fn evictions_in_flight(&self) -> usize {
