@@ -280,6 +280,36 @@ async fn settles_at_two_keys(node: &Instance, evictions: f64) {
     );
 }
 
+/// Starts racing at the node's `max_live_keys` pass it, and the next start
+/// catches up: `max_live_keys = 2`, `a` live; `b` and `c` start together
+/// (made to meet after the budget check, before either store exists: each
+/// counted one live key, so neither evicted), and three are live. The next
+/// start, `d`, orders two retirements, for its own room and the one the race
+/// took, and the node settles at 2. Ordering one (its own room only), the
+/// node stayed at 3 live keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_after_a_race_past_the_nodes_budget_makes_up_for_it() {
+    let node = hostile_node_of_two_keys().await;
+    assert_eq!(served_soon(&node, "a").await, b"pong");
+    node.inject_start_rendezvous(2);
+    let (b, c) = tokio::join!(
+        node.call("hostile", "b", b"ping".to_vec()),
+        node.call("hostile", "c", b"ping".to_vec())
+    );
+    assert_eq!(b.expect("b is served"), b"pong");
+    assert_eq!(c.expect("c is served"), b"pong");
+    assert_eq!(
+        (
+            node.keys().len(),
+            evicted(&node, "hostile", "node_budget").await
+        ),
+        (3, 0.0),
+        "the race past the budget did not happen: (live keys, evictions)"
+    );
+    assert_eq!(served_soon(&node, "d").await, b"pong");
+    settles_at_two_keys(&node, 2.0).await;
+}
+
 /// Only busy keys refuse at the node's `max_live_keys` too, though the
 /// pool's reserve is free: two keys spin in a callback with
 /// `max_live_keys = 2`, so a third is refused `PoolFull`, naming the budget;

@@ -140,6 +140,10 @@ pub(crate) struct KeyServices {
     /// Notified when a key's store is dropped (a pool slot freed), for the
     /// starts waiting for one (`task.rs`, `start_in_pool`).
     pub(crate) pool_freed: tokio::sync::Notify,
+    /// Fault injection (`Instance::inject_start_rendezvous`): the barrier
+    /// the next starts meet at after the node's budget check, and how many
+    /// more starts join it.
+    pub(crate) start_rendezvous: std::sync::Mutex<Option<(Arc<tokio::sync::Barrier>, usize)>>,
     /// The pipeline to the store of keys' durable state (group commit).
     pub(crate) storage: Arc<StorageWriter>,
     /// The lease's fence point as the membership publishes it, read by the

@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::mailbox::MailboxRx;
 use crate::module::CompiledModule;
 use crate::scheduler::Seat;
+use crate::sync::lock;
 
 /// How a key's message loop ended.
 enum Exit {
@@ -582,6 +583,7 @@ pub(super) async fn start_in_pool(
             });
         }
     }
+    rendezvous(services).await;
     loop {
         let freed = services.pool_freed.notified();
         tokio::pin!(freed);
@@ -606,6 +608,24 @@ pub(super) async fn start_in_pool(
             return Err(full);
         }
     }
+}
+
+/// Fault injection (`Instance::inject_start_rendezvous`): wait for the
+/// other starts that joined the barrier, if this one joins it.
+async fn rendezvous(services: &KeyServices) {
+    let barrier = {
+        let mut rendezvous = lock(&services.start_rendezvous);
+        let Some((barrier, left)) = rendezvous.as_mut() else {
+            return;
+        };
+        let barrier = barrier.clone();
+        *left -= 1;
+        if *left == 0 {
+            *rendezvous = None;
+        }
+        barrier
+    };
+    barrier.wait().await;
 }
 
 /// Take the key's process into `held` (if not held yet): wait for an inline

@@ -557,6 +557,15 @@ impl Instance {
         );
     }
 
+    /// Make the next `starts` key starts on this node wait for each other
+    /// after the node's `max_live_keys` check, before their stores exist
+    /// (fault injection: starts racing at the budget, each counting the
+    /// stores before the other's exists).
+    pub fn inject_start_rendezvous(&self, starts: usize) {
+        *lock(&self.shared.services.start_rendezvous) =
+            (starts > 0).then(|| (Arc::new(tokio::sync::Barrier::new(starts)), starts));
+    }
+
     /// Ask the program hosting this node to stop it (the HTTP API does this
     /// after `POST /v1/leave`).
     pub fn request_stop(&self) {

@@ -279,6 +279,7 @@ impl InstanceBuilder {
                 ),
                 metrics,
                 pool_freed: tokio::sync::Notify::new(),
+                start_rendezvous: Mutex::new(None),
                 guest_memory: Arc::default(),
                 storage,
                 observer: self.observer,
