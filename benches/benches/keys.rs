@@ -302,24 +302,14 @@ async fn reactivation(mode: Mode) -> Vec<String> {
         fief_alone.push(fief_once(key_name((budget as usize + samples + s) % keys)).await);
     }
     node.shutdown().await;
-    let (f50, f99) = (quantile(&mut fief, 0.5), quantile(&mut fief, 0.99));
-    let (r50, r99) = (quantile(&mut base, 0.5), quantile(&mut base, 0.99));
-    let (fa50, fa99) = (
-        quantile(&mut fief_alone, 0.5),
-        quantile(&mut fief_alone, 0.99),
-    );
-    let (ra50, ra99) = (
-        quantile(&mut raw_alone, 0.5),
-        quantile(&mut raw_alone, 0.99),
-    );
-    let (rc50, rc99) = (
-        quantile(&mut base_call, 0.5),
-        quantile(&mut base_call, 0.99),
-    );
-    let (rca50, rca99) = (
-        quantile(&mut raw_call_alone, 0.5),
-        quantile(&mut raw_call_alone, 0.99),
-    );
+    let p50_p99 =
+        |samples: &mut [std::time::Duration]| (quantile(samples, 0.5), quantile(samples, 0.99));
+    let (f50, f99) = p50_p99(&mut fief);
+    let (r50, r99) = p50_p99(&mut base);
+    let (fa50, fa99) = p50_p99(&mut fief_alone);
+    let (ra50, ra99) = p50_p99(&mut raw_alone);
+    let (rc50, rc99) = p50_p99(&mut base_call);
+    let (rca50, rca99) = p50_p99(&mut raw_call_alone);
     let ratio = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
     vec![format!(
         "reactivation ({samples} samples, {keys} stored, budget {budget}): interleaved: Fief p50 {} p99 {} · raw (cold instantiate + redb read) p50 {} p99 {} · {:.2}× / {:.2}× (target ≤ 2×) · raw with its handle-call p50 {} p99 {} · {:.2}× / {:.2}×; each alone: Fief p50 {} p99 {} · raw p50 {} p99 {} · {:.2}× / {:.2}× · raw with its handle-call p50 {} p99 {} · {:.2}× / {:.2}×",
