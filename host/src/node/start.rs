@@ -101,11 +101,12 @@ impl InstanceBuilder {
     }
 
     /// Let the alarm loop look at the routing view only every `period` when
-    /// nothing wakes it (default 250 ms). For tests: a long period shows
-    /// that partitions taken wake the loop without it.
+    /// nothing wakes it (default 250 ms; at least 10 ms, so the loop never
+    /// spins). For tests: a long period shows that partitions taken wake the
+    /// loop without it.
     #[doc(hidden)]
     pub fn alarm_reconcile_period(mut self, period: Duration) -> Self {
-        self.alarm_reconcile_period = Some(period);
+        self.alarm_reconcile_period = Some(period.max(Duration::from_millis(10)));
         self
     }
 
