@@ -15,10 +15,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::backends::InMemoryBackend;
 use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
+use super::landed::Landed;
 use super::plan;
 use super::{
     AlarmId, Backend, BackendError, BoxFuture, KeyScope, Load, Loaded, Outcome, Round, RoundResult,
@@ -54,9 +56,19 @@ type Alarms<'t> = redb::Table<'t, AlarmKey, u64>;
 
 /// Durable key state in a redb database (see the module docs).
 pub struct EmbeddedBackend {
-    db: Arc<Database>,
+    store: Arc<Store>,
     /// The file, or `None` in memory.
     path: Option<PathBuf>,
+}
+
+/// The database and what it has landed, shared by the blocking pool's
+/// transactions.
+struct Store {
+    db: Database,
+    /// Its fence tokens and tenants' bytes in memory (`landed.rs`).
+    landed: Landed,
+    /// Write transactions begun: the next one's sequence number.
+    rounds: AtomicU64,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> BackendError {
@@ -105,28 +117,48 @@ impl EmbeddedBackend {
         Self::ready(db, None)
     }
 
-    /// Create the tables, so that a read of a new database finds them.
+    /// Create the tables, so that a read of a new database finds them, and
+    /// learn its fence tokens and tenants' bytes.
     fn ready(db: Database, path: Option<PathBuf>) -> Result<Self, BackendError> {
-        let txn = db.begin_write().map_err(unavailable)?;
-        txn.open_table(FENCES).map_err(unavailable)?;
-        txn.open_table(ENTRIES).map_err(unavailable)?;
-        txn.open_table(ALARMS).map_err(unavailable)?;
-        txn.open_table(USAGE).map_err(unavailable)?;
-        txn.commit().map_err(unavailable)?;
+        let landed = (|| -> Result<Landed, redb::Error> {
+            let txn = db.begin_write()?;
+            let landed = {
+                let fences = txn.open_table(FENCES)?;
+                txn.open_table(ENTRIES)?;
+                txn.open_table(ALARMS)?;
+                let usage = txn.open_table(USAGE)?;
+                let tokens = fences
+                    .iter()?
+                    .map(|row| row.map(|(p, t)| (p.value(), t.value())))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let bytes = usage
+                    .iter()?
+                    .map(|row| row.map(|(t, b)| (t.value().to_owned(), b.value())))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Landed::new(tokens, bytes)
+            };
+            txn.commit()?;
+            Ok(landed)
+        })()
+        .map_err(unavailable)?;
         Ok(EmbeddedBackend {
-            db: Arc::new(db),
+            store: Arc::new(Store {
+                db,
+                landed,
+                rounds: AtomicU64::new(0),
+            }),
             path,
         })
     }
 
-    /// Run `f` on the database on tokio's blocking pool.
+    /// Run `f` on the store on tokio's blocking pool.
     fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Database) -> Result<T, redb::Error> + Send + 'static,
+        f: impl FnOnce(&Store) -> Result<T, redb::Error> + Send + 'static,
     ) -> BoxFuture<'_, Result<T, BackendError>> {
-        let db = Arc::clone(&self.db);
+        let store = Arc::clone(&self.store);
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || f(&db))
+            tokio::task::spawn_blocking(move || f(&store))
                 .await
                 .map_err(|e| unavailable(format!("the storage thread failed: {e}")))?
                 .map_err(unavailable)
@@ -244,11 +276,35 @@ fn apply(
     Ok(())
 }
 
+/// A round's marks on the partitions it raises (`landed.rs`): recorded when
+/// the round is over, with its tokens and tenants' bytes if it committed.
+/// A round that panics leaves its marks, so loads on those partitions read
+/// their tokens from their snapshots from then on.
+struct Raising<'s> {
+    landed: &'s Landed,
+    seq: u64,
+    raised: BTreeMap<u32, u64>,
+    usage: BTreeMap<String, u64>,
+    committed: bool,
+}
+
+impl Drop for Raising<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.landed
+                .record(self.seq, &self.raised, &self.usage, self.committed);
+        }
+    }
+}
+
 /// One round in one write transaction (see the module header of
 /// `crate::storage`).
-fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
-    let mut txn = db.begin_write()?;
+fn run_round(store: &Store, round: &Round) -> Result<RoundResult, redb::Error> {
+    let mut txn = store.db.begin_write()?;
+    // Write transactions are one at a time: this is the file's order.
+    let seq = store.rounds.fetch_add(1, Ordering::Relaxed);
     txn.set_durability(Durability::Immediate)?;
+    let mut raising = None;
     let result = {
         let mut fences = txn.open_table(FENCES)?;
         let mut entries = txn.open_table(ENTRIES)?;
@@ -262,6 +318,14 @@ fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
             }
         }
         let decisions = plan::decide(round, &tokens);
+        store.landed.raising(&decisions.raised);
+        let raising = raising.insert(Raising {
+            landed: &store.landed,
+            seq,
+            raised: decisions.raised.clone(),
+            usage: BTreeMap::new(),
+            committed: false,
+        });
         for (p, token) in &decisions.raised {
             fences.insert(p, token)?;
         }
@@ -300,6 +364,7 @@ fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
             by_partition.push(partition_alarms(&alarms, partition)?);
         }
         let changed = !decisions.raised.is_empty() || !round.commits.is_empty();
+        raising.usage = usage;
         (
             plan::result(&decisions, after, loaded, by_partition),
             changed,
@@ -308,6 +373,9 @@ fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
     let (result, changed) = result;
     if changed {
         txn.commit()?;
+        if let Some(raising) = &mut raising {
+            raising.committed = true;
+        }
     } else {
         // Loads under tokens the store already holds change nothing: no
         // commit, so no fsync (a key's reactivation on a partition this
@@ -318,28 +386,56 @@ fn run_round(db: &Database, round: &Round) -> Result<RoundResult, redb::Error> {
     Ok(result)
 }
 
+/// What the fence check answers a load when the partition's token is
+/// `stored`: `None` to read the key's state, `Some(None)` when the load
+/// would raise the token (a round must), `Some(Some(stale))` when it is
+/// refused.
+fn fence_check(stored: u64, load: &Load) -> Option<Option<Outcome<Loaded>>> {
+    match storage_fence::load(stored, load.fence.token) {
+        Ok(None) => None,
+        Ok(Some(_raised)) => Some(None),
+        Err(stale) => Some(Some(Outcome::Stale {
+            current: stale.current,
+        })),
+    }
+}
+
 /// `load` read in a read transaction, when it changes nothing (see
 /// [`Backend::read_load`]): `None` when it would raise the token.
-fn read_load(db: &Database, load: &Load) -> Result<Option<Outcome<Loaded>>, redb::Error> {
-    let txn = db.begin_read()?;
-    let fences = txn.open_table(FENCES)?;
-    let stored = fences.get(load.fence.partition)?.map_or(0, |t| t.value());
-    match storage_fence::load(stored, load.fence.token) {
-        Ok(None) => {}
-        Ok(Some(_raised)) => return Ok(None),
-        Err(stale) => {
-            return Ok(Some(Outcome::Stale {
-                current: stale.current,
-            }));
+fn read_load(store: &Store, load: &Load) -> Result<Option<Outcome<Loaded>>, redb::Error> {
+    read_load_between(store, load, || {})
+}
+
+/// [`read_load`], running `between` after the first read of the landed
+/// token and before the snapshot is taken (a test's raise lands there).
+fn read_load_between(
+    store: &Store,
+    load: &Load,
+    between: impl FnOnce(),
+) -> Result<Option<Outcome<Loaded>>, redb::Error> {
+    let partition = load.fence.partition;
+    // The token as landed, read before the snapshot and again after it
+    // (`landed.rs` says why both): a token already past the load's, or
+    // below it, answers without a snapshot.
+    let landed = store.landed.settled_token(partition);
+    if let Some(answer) = landed.and_then(|stored| fence_check(stored, load)) {
+        return Ok(answer);
+    }
+    between();
+    let txn = store.db.begin_read()?;
+    if landed.is_none() || store.landed.settled_token(partition) != landed {
+        let fences = txn.open_table(FENCES)?;
+        let stored = fences.get(partition)?.map_or(0, |t| t.value());
+        if let Some(answer) = fence_check(stored, load) {
+            return Ok(answer);
         }
     }
     let entries = txn.open_table(ENTRIES)?;
     let alarms = txn.open_table(ALARMS)?;
-    let usage = txn.open_table(USAGE)?;
     Ok(Some(Outcome::Done(Loaded {
         entries: scan(&entries, &load.scope, "", "", usize::MAX)?,
-        alarms: key_alarms(&alarms, load.fence.partition, &load.scope)?,
-        tenant_bytes: usage.get(load.scope.tenant())?.map_or(0, |b| b.value()),
+        alarms: key_alarms(&alarms, partition, &load.scope)?,
+        tenant_bytes: store.landed.tenant_bytes(load.scope.tenant()),
     })))
 }
 
@@ -355,14 +451,16 @@ impl Backend for EmbeddedBackend {
         if round.is_empty() {
             return Box::pin(async { Ok(RoundResult::default()) });
         }
-        self.blocking(move |db| run_round(db, &round))
+        self.blocking(move |store| run_round(store, &round))
     }
 
     /// A read transaction on the caller's thread: redb's reads of pages it
     /// or the OS caches take microseconds, less than the two thread hops of
     /// a round; a page read from disk holds the caller's thread for it.
     fn read_load(&self, load: &Load) -> Option<Result<Outcome<Loaded>, BackendError>> {
-        read_load(&self.db, load).map_err(unavailable).transpose()
+        read_load(&self.store, load)
+            .map_err(unavailable)
+            .transpose()
     }
 
     fn read(
@@ -371,8 +469,8 @@ impl Backend for EmbeddedBackend {
         prefix: String,
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<Entry>, BackendError>> {
-        self.blocking(move |db| {
-            let txn = db.begin_read()?;
+        self.blocking(move |store| {
+            let txn = store.db.begin_read()?;
             let entries = txn.open_table(ENTRIES)?;
             scan(&entries, &scope, &prefix, &prefix, limit as usize)
         })
@@ -383,16 +481,16 @@ impl Backend for EmbeddedBackend {
         scope: KeyScope,
         partition: u32,
     ) -> BoxFuture<'_, Result<Vec<(String, u64)>, BackendError>> {
-        self.blocking(move |db| {
-            let txn = db.begin_read()?;
+        self.blocking(move |store| {
+            let txn = store.db.begin_read()?;
             let alarms = txn.open_table(ALARMS)?;
             key_alarms(&alarms, partition, &scope)
         })
     }
 
     fn highest_fence_token(&self) -> BoxFuture<'_, Result<u64, BackendError>> {
-        self.blocking(|db| {
-            let txn = db.begin_read()?;
+        self.blocking(|store| {
+            let txn = store.db.begin_read()?;
             let fences = txn.open_table(FENCES)?;
             let mut highest = 0;
             for row in fences.iter()? {
@@ -400,5 +498,99 @@ impl Backend for EmbeddedBackend {
             }
             Ok(highest)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(partition: u32, token: u64) -> Load {
+        Load {
+            scope: KeyScope {
+                module: "acme/m".to_owned(),
+                key: "k".to_owned(),
+            },
+            fence: super::super::Fence { partition, token },
+        }
+    }
+
+    fn raise(store: &Store, partition: u32, token: u64) {
+        let round = Round {
+            loads: vec![load(partition, token)],
+            ..Round::default()
+        };
+        let result = run_round(store, &round).expect("the round");
+        assert!(matches!(result.loads[..], [Outcome::Done(_)]), "{result:?}");
+    }
+
+    /// The landed token is read before the snapshot; a raise that lands
+    /// before the snapshot is taken must still refuse the load, as the
+    /// snapshot's own token would.
+    #[test]
+    fn a_raise_landing_before_the_snapshot_refuses_the_load() {
+        let backend = EmbeddedBackend::in_memory().expect("a store");
+        let store = &*backend.store;
+        raise(store, 1, 3);
+        let answer = read_load_between(store, &load(1, 3), || raise(store, 1, 4));
+        assert_eq!(answer.expect("a read"), Some(Outcome::Stale { current: 4 }));
+        // A raise committed but not yet recorded (its round between its
+        // commit and its record) refuses it too.
+        let answer = read_load_between(store, &load(1, 4), || {
+            let raised = BTreeMap::from([(1, 5)]);
+            store.landed.raising(&raised);
+            let txn = store.db.begin_write().expect("a write");
+            txn.open_table(FENCES)
+                .expect("the fences")
+                .insert(1, 5)
+                .expect("the raise");
+            txn.commit().expect("the commit");
+        });
+        assert_eq!(answer.expect("a read"), Some(Outcome::Stale { current: 5 }));
+        // Settled again, the landed token answers without the table.
+        store
+            .landed
+            .record(99, &BTreeMap::from([(1, 5)]), &BTreeMap::new(), true);
+        let answer = read_load_between(store, &load(1, 5), || {});
+        assert!(matches!(answer, Ok(Some(Outcome::Done(_)))), "{answer:?}");
+    }
+
+    /// A reopened file's tokens and tenants' bytes are learnt at open.
+    #[test]
+    fn a_reopened_file_knows_what_it_landed() {
+        let dir = std::env::temp_dir().join(format!(
+            "fief-embedded-landed-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let path = dir.join("state.redb");
+        {
+            let backend = EmbeddedBackend::open(&path).expect("the store");
+            raise(&backend.store, 2, 7);
+            let commit = super::super::Commit {
+                scope: load(2, 7).scope,
+                fence: super::super::Fence {
+                    partition: 2,
+                    token: 7,
+                },
+                writes: vec![Write::Put {
+                    name: "a".to_owned(),
+                    value: b"123".to_vec(),
+                }],
+                bytes_delta: 4,
+            };
+            let round = Round {
+                commits: vec![commit],
+                ..Round::default()
+            };
+            run_round(&backend.store, &round).expect("the commit");
+        }
+        let backend = EmbeddedBackend::open(&path).expect("the store again");
+        assert_eq!(backend.store.landed.settled_token(2), Some(7));
+        assert_eq!(backend.store.landed.tenant_bytes("acme"), 4);
+        let answer = read_load(&backend.store, &load(2, 6));
+        assert_eq!(answer.expect("a read"), Some(Outcome::Stale { current: 7 }));
+        drop(backend);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

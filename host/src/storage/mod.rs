@@ -43,6 +43,7 @@ pub use fief_core::alarm::{AlarmId, StoredAlarm};
 #[cfg(test)]
 mod contract_tests;
 mod embedded;
+mod landed;
 mod plan;
 mod postgres;
 pub(crate) mod state;
