@@ -14,6 +14,13 @@
 //! tick (1 ms by default) at most, many victims per thread wake-up. A start
 //! that must wait for a pool slot flushes at once.
 //!
+//! The spawn of a key's task, when its caller starts the process and runs
+//! the first call itself, waits here too (`KeyControl::defer_task`): the
+//! spawn wakes a parked guest thread (~8 µs of a reactivation, measured in
+//! docs/benchmarks.md, "Issue 20, seventeenth pass"), and the task has
+//! nothing to do until the caller lets go. A message or an order for the
+//! key spawns it sooner.
+//!
 //! A leaf: it knows nothing of what it wakes ([`TickWake`]); it must not
 //! wait, nor hold its lock while waking.
 

@@ -45,6 +45,15 @@ pub(super) struct Orphan {
 }
 
 impl Orphan {
+    /// A finished call no one waits for (unit tests).
+    #[cfg(test)]
+    pub(super) fn for_test() -> Orphan {
+        Orphan {
+            call: Box::pin(async { Ok(Vec::new()) }),
+            reply: None,
+        }
+    }
+
     /// Finish the call; its reply, unless it is to wait until the process's
     /// end is settled (the call killed the process: its caller must not
     /// retry before the key can start afresh).

@@ -134,7 +134,18 @@ pub(crate) struct KeyControl {
     /// the key-table lock by the slot that chose the key as the least
     /// recently used idle one (see `slot.rs`, `evict_one`).
     evict: AtomicU8,
+    /// The spawn of the key's task, while deferred: a key activated on its
+    /// caller's task needs its own task only once the caller lets go, so
+    /// the spawn (a wake of a parked guest thread) waits for the next epoch
+    /// tick or for the first thing that needs the task, whichever comes
+    /// first ([`KeyControl::start_task`]).
+    deferred_task: Mutex<Option<DeferredTask>>,
+    /// Whether `deferred_task` holds a spawn (read without the lock).
+    task_deferred: AtomicBool,
 }
+
+/// A key task's spawn, made at most once.
+pub(crate) type DeferredTask = Box<dyn FnOnce() + Send>;
 
 /// Why a live key was evicted: the `cause` of `fief_keys_evicted_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,18 +202,53 @@ impl Default for KeyControl {
             inline_calls: AtomicU64::new(0),
             demote: AtomicBool::new(false),
             evict: AtomicU8::new(0),
+            deferred_task: Mutex::new(None),
+            task_deferred: AtomicBool::new(false),
         }
     }
 }
 
-/// A deferred eviction order's wake (`KeyControl::order_eviction`).
+/// A deferred eviction order's wake (`KeyControl::order_eviction`), or a
+/// deferred task's spawn (`KeyControl::defer_task`).
 impl TickWake for KeyControl {
     fn wake(&self) {
-        self.changed.notify_waiters();
+        self.notify();
     }
 }
 
 impl KeyControl {
+    /// Hold the spawn of the key's task until the next epoch tick
+    /// (`wakes`) or until something needs the task first
+    /// ([`start_task`](Self::start_task)). Called under the key-table lock
+    /// that put the key in its table, so no one can need the task before
+    /// this returns.
+    pub(crate) fn defer_task(self: &Arc<Self>, spawn: DeferredTask, wakes: &TickWakes) {
+        *lock(&self.deferred_task) = Some(spawn);
+        self.task_deferred.store(true, Ordering::SeqCst);
+        wakes.defer(self.clone());
+    }
+
+    /// Spawn the key's task now if its spawn was deferred: a message was
+    /// queued for it, or an order (kill, fence, eviction, a demoted or
+    /// failed inline call) must reach it. One atomic load otherwise.
+    pub(crate) fn start_task(&self) {
+        if self.task_deferred.load(Ordering::SeqCst)
+            && self.task_deferred.swap(false, Ordering::SeqCst)
+        {
+            let spawn = lock(&self.deferred_task).take();
+            if let Some(spawn) = spawn {
+                spawn();
+            }
+        }
+    }
+
+    /// Wake the key's task for a changed flag, spawning it first if its
+    /// spawn was deferred.
+    fn notify(&self) {
+        self.start_task();
+        self.changed.notify_waiters();
+    }
+
     /// Make the key a survivor; for a callback key, also order it to run
     /// `handle-fence` with `deadline`.
     pub(crate) fn fence(&self, callback_deadline: Option<Duration>) {
@@ -210,7 +256,7 @@ impl KeyControl {
         if let Some(deadline) = callback_deadline {
             *lock(&self.fence_order) = Some(deadline);
             self.fence_ordered.store(true, Ordering::SeqCst);
-            self.changed.notify_waiters();
+            self.notify();
         }
     }
 
@@ -292,7 +338,7 @@ impl KeyControl {
         }
         *slot = Some(reason);
         drop(slot);
-        self.changed.notify_waiters();
+        self.notify();
         true
     }
 
@@ -337,7 +383,7 @@ impl KeyControl {
     fn adopt(&self, orphan: Orphan) {
         *lock(&self.orphan) = Some(orphan);
         self.has_orphan.store(true, Ordering::SeqCst);
-        self.changed.notify_waiters();
+        self.notify();
     }
 
     fn take_orphan(&self) -> Option<Orphan> {
@@ -352,7 +398,7 @@ impl KeyControl {
     fn died(&self, why: String) {
         lock(&self.death).get_or_insert(why);
         self.failed.store(true, Ordering::SeqCst);
-        self.changed.notify_waiters();
+        self.notify();
     }
 
     fn death(&self) -> Option<String> {
@@ -363,7 +409,7 @@ impl KeyControl {
     fn start_failed(&self, error: Error) {
         lock(&self.start_error).get_or_insert(error);
         self.failed.store(true, Ordering::SeqCst);
-        self.changed.notify_waiters();
+        self.notify();
     }
 
     fn start_error(&self) -> Option<Error> {
@@ -590,7 +636,61 @@ pub enum KeyLifeEvent {
 
 #[cfg(test)]
 mod tests {
-    use super::{FENCED, KeyControl};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::{DeferredTask, Error, FENCED, KeyControl, Orphan};
+    use crate::tick_wakes::TickWakes;
+
+    /// A key control whose task's spawn is deferred, and how many times
+    /// the spawn ran.
+    fn deferred() -> (Arc<KeyControl>, TickWakes, Arc<AtomicUsize>) {
+        let (control, wakes) = (Arc::new(KeyControl::default()), TickWakes::default());
+        let spawned = Arc::new(AtomicUsize::new(0));
+        let counter = spawned.clone();
+        let spawn: DeferredTask = Box::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        control.defer_task(spawn, &wakes);
+        (control, wakes, spawned)
+    }
+
+    /// A deferred task is spawned once: at the tick, or before it by the
+    /// first order that must reach it; never by nothing.
+    #[test]
+    fn a_deferred_task_is_spawned_once_by_the_tick_or_the_first_order() {
+        let (control, wakes, spawned) = deferred();
+        assert_eq!(spawned.load(Ordering::SeqCst), 0, "not at the activation");
+        assert_eq!(wakes.flush(), 1);
+        assert_eq!(spawned.load(Ordering::SeqCst), 1, "the tick spawns it");
+        control.start_task();
+        assert!(control.kill("again"));
+        assert_eq!(spawned.load(Ordering::SeqCst), 1, "once");
+
+        type Order = fn(&KeyControl);
+        let orders: [(&str, Order); 6] = [
+            ("a message", |c| c.start_task()),
+            ("a kill", |c| assert!(c.kill("killed"))),
+            ("a fence order", |c| c.fence(Some(Duration::from_secs(1)))),
+            ("a death", |c| c.died("trapped".into())),
+            ("a failed start", |c| {
+                c.start_failed(Error::Internal("no".into()))
+            }),
+            ("a demoted call", |c| c.adopt(Orphan::for_test())),
+        ];
+        for (what, order) in orders {
+            let (control, wakes, spawned) = deferred();
+            order(&control);
+            assert_eq!(spawned.load(Ordering::SeqCst), 1, "{what} spawns it");
+            assert_eq!(wakes.flush(), 1);
+            assert_eq!(
+                spawned.load(Ordering::SeqCst),
+                1,
+                "{what}: the tick does not again"
+            );
+        }
+    }
 
     /// The fence's count (`node fenced … killed=N`) holds every `terminate`
     /// key the fence ended, including one that found the node fenced and
