@@ -278,19 +278,24 @@ fn apply(
 
 /// A round's marks on the partitions it raises (`landed.rs`): recorded when
 /// the round is over, with its tokens and tenants' bytes if it committed.
-/// A round that panics leaves its marks, so loads on those partitions read
-/// their tokens from their snapshots from then on.
+/// A round whose commit failed (it may have reached the file) or that
+/// panicked leaves its marks, so loads on those partitions read their
+/// tokens from their snapshots from then on.
 struct Raising<'s> {
     landed: &'s Landed,
     seq: u64,
     raised: BTreeMap<u32, u64>,
     usage: BTreeMap<String, u64>,
+    /// The commit was tried.
+    committing: bool,
+    /// The commit returned `Ok`.
     committed: bool,
 }
 
 impl Drop for Raising<'_> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        let unknown = self.committing && !self.committed;
+        if !unknown && !std::thread::panicking() {
             self.landed
                 .record(self.seq, &self.raised, &self.usage, self.committed);
         }
@@ -324,6 +329,7 @@ fn run_round(store: &Store, round: &Round) -> Result<RoundResult, redb::Error> {
             seq,
             raised: decisions.raised.clone(),
             usage: BTreeMap::new(),
+            committing: false,
             committed: false,
         });
         for (p, token) in &decisions.raised {
@@ -372,6 +378,9 @@ fn run_round(store: &Store, round: &Round) -> Result<RoundResult, redb::Error> {
     };
     let (result, changed) = result;
     if changed {
+        if let Some(raising) = &mut raising {
+            raising.committing = true;
+        }
         txn.commit()?;
         if let Some(raising) = &mut raising {
             raising.committed = true;
@@ -553,6 +562,32 @@ mod tests {
             .record(99, &BTreeMap::from([(1, 5)]), &BTreeMap::new(), true);
         let answer = read_load_between(store, &load(1, 5), || {});
         assert!(matches!(answer, Ok(Some(Outcome::Done(_)))), "{answer:?}");
+    }
+
+    /// A round whose commit failed may still have reached the file: its
+    /// partitions stay unsettled (their loads read the snapshot's token);
+    /// a round that failed before its commit clears its marks.
+    #[test]
+    fn a_failed_commit_leaves_its_partitions_unsettled() {
+        let landed = Landed::new([(1, 3), (2, 3)], []);
+        for (partition, committing) in [(1, true), (2, false)] {
+            let raised = BTreeMap::from([(partition, 4)]);
+            landed.raising(&raised);
+            drop(Raising {
+                landed: &landed,
+                seq: 0,
+                raised,
+                usage: BTreeMap::new(),
+                committing,
+                committed: false,
+            });
+        }
+        assert_eq!(
+            landed.settled_token(1),
+            None,
+            "the commit's outcome is unknown"
+        );
+        assert_eq!(landed.settled_token(2), Some(3), "nothing was committed");
     }
 
     /// A reopened file's tokens and tenants' bytes are learnt at open.
