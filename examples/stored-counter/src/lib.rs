@@ -39,7 +39,12 @@ impl StoredCounter {
         std::str::from_utf8(&bytes)
             .ok()
             .and_then(|text| text.parse().ok())
-            .ok_or_else(|| format!("stored-counter: the stored count {bytes:?} is not a number"))
+            .ok_or_else(|| {
+                format!(
+                    "stored-counter: the stored count {:?} is not a number",
+                    String::from_utf8_lossy(&bytes)
+                )
+            })
     }
 }
 
