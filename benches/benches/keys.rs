@@ -41,6 +41,10 @@
 //! (both stores; `many_keys_embedded` or `many_keys_postgres` for one)
 //! (it writes about 1 GiB under the target directory and takes minutes);
 //! figures are in `docs/benchmarks.md`.
+//!
+//! `FIEF_BENCH_MEMORY_INIT=copy` starts the node of `reactivation` and
+//! `many_keys` with `memory_init = "copy"` (the default: `copy-on-write`;
+//! raw keeps wasmtime's default, copy-on-write); their lines name it.
 
 mod common;
 
@@ -49,6 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Mode, Raw, fmt_duration, guest, machine_used_bytes, pss_bytes, quantile, rss_bytes};
+use fief::config::MemoryInit;
 use fief::storage::{Backend, Commit, EmbeddedBackend, Fence, KeyScope, Load, Round, Write};
 use fief::{Instance, ModuleOptions, NodeConfig};
 use redb::ReadableDatabase;
@@ -174,10 +179,19 @@ const NAMESPACE: &str = "bench";
 
 /// A node on `store` with the stored counter deployed, its module and the
 /// node both held to `budget` live keys.
+/// The node's `memory_init`: `FIEF_BENCH_MEMORY_INIT`, else the default.
+fn memory_init() -> MemoryInit {
+    std::env::var("FIEF_BENCH_MEMORY_INIT").map_or(MemoryInit::default(), |text| {
+        text.parse()
+            .unwrap_or_else(|why| panic!("FIEF_BENCH_MEMORY_INIT: {why}"))
+    })
+}
+
 async fn stored_node(store: &Store, budget: u32) -> Instance {
     let mut config = NodeConfig {
         namespace: NAMESPACE.to_owned(),
         max_live_keys: budget,
+        memory_init: memory_init(),
         ..NodeConfig::default()
     };
     match store {
@@ -312,7 +326,8 @@ async fn reactivation(mode: Mode) -> Vec<String> {
     let (rca50, rca99) = p50_p99(&mut raw_call_alone);
     let ratio = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
     vec![format!(
-        "reactivation ({samples} samples, {keys} stored, budget {budget}): interleaved: Fief p50 {} p99 {} · raw (cold instantiate + redb read) p50 {} p99 {} · {:.2}× / {:.2}× (target ≤ 2×) · raw with its handle-call p50 {} p99 {} · {:.2}× / {:.2}×; each alone: Fief p50 {} p99 {} · raw p50 {} p99 {} · {:.2}× / {:.2}× · raw with its handle-call p50 {} p99 {} · {:.2}× / {:.2}×",
+        "reactivation ({samples} samples, {keys} stored, budget {budget}, memory_init = {}): interleaved: Fief p50 {} p99 {} · raw (cold instantiate + redb read) p50 {} p99 {} · {:.2}× / {:.2}× (target ≤ 2×) · raw with its handle-call p50 {} p99 {} · {:.2}× / {:.2}×; each alone: Fief p50 {} p99 {} · raw p50 {} p99 {} · {:.2}× / {:.2}× · raw with its handle-call p50 {} p99 {} · {:.2}× / {:.2}×",
+        memory_init(),
         fmt_duration(f50),
         fmt_duration(f99),
         fmt_duration(r50),
@@ -417,8 +432,9 @@ async fn many_keys(mode: Mode, store: &Store) -> Vec<String> {
         "calls refused with idle keys live: the eviction did not find them"
     );
     vec![format!(
-        "many keys, {}: {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, none refused, {live} live at the end, RSS {} MiB before the node, {} MiB after; PSS (each shared page once) {} MiB before, {} MiB after; the machine's memory in use grew {} MiB (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
+        "many keys, {} (memory_init = {}): {keys} stored (prefill {:.1} s), {touch} touched by {CALLERS} callers, budget {budget}: {:.0} calls/s, {:.0} evictions/s, none refused, {live} live at the end, RSS {} MiB before the node, {} MiB after; PSS (each shared page once) {} MiB before, {} MiB after; the machine's memory in use grew {} MiB (target ≤ 6 GiB at 10 M / 1 M / 100 k)",
         store.name(),
+        memory_init(),
         prefill_time.as_secs_f64(),
         touch as f64 / elapsed.as_secs_f64(),
         evictions / elapsed.as_secs_f64(),

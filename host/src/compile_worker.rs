@@ -25,13 +25,10 @@ use bytesize::ByteSize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmtime::{Config, Engine};
 
-use crate::config::NodeConfig;
 pub use crate::config::compile::{DEFAULT_MEMORY_LIMIT, MIN_MEMORY_LIMIT};
+use crate::config::{MemoryInit, NodeConfig};
 use crate::error::{Error, Result};
-
-/// Guard pages after each linear memory: the node's engine uses the same
-/// (`runtime.rs`), and a compiled artifact is tied to it.
-const MEMORY_GUARD: u64 = 64 * 1024;
+use crate::runtime::MEMORY_GUARD;
 
 /// The worker's exit code when the component does not compile (its reason
 /// is on stderr).
@@ -44,26 +41,48 @@ const MAX_REASON_BYTES: usize = 4096;
 /// `compile_timeout`).
 const MAX_STDERR_BYTES: u64 = 1 << 20;
 
+/// The node's settings that shape its engine's compiled code: a compiled
+/// artifact loads only into an engine of the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// `max_memory_per_key`, in bytes: each memory's reservation.
+    pub max_memory_per_key: u64,
+    /// `memory_init`: whether modules get copy-on-write memory images.
+    pub memory_init: MemoryInit,
+}
+
+impl EngineSettings {
+    /// The settings of a node of `config`.
+    pub(crate) fn of(config: &NodeConfig) -> EngineSettings {
+        EngineSettings {
+            max_memory_per_key: config.max_memory_per_key.as_u64(),
+            memory_init: config.memory_init,
+        }
+    }
+}
+
 /// The compilation settings of the node's engine, without its instance
 /// allocator (which does not change compiled code). `runtime.rs` builds the
 /// node's engine with these and the pool; a test there checks the two agree
 /// (`worker_engine_matches_the_node_engine`).
-pub(crate) fn engine_config(max_memory_per_key: u64) -> Config {
+pub(crate) fn engine_config(settings: EngineSettings) -> Config {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
-        .memory_reservation(max_memory_per_key)
+        .memory_reservation(settings.max_memory_per_key)
         .memory_guard_size(MEMORY_GUARD)
-        .memory_reservation_for_growth(0);
+        .memory_reservation_for_growth(0)
+        .memory_init_cow(settings.memory_init == MemoryInit::CopyOnWrite);
     wasm
 }
 
 /// Run the worker: `fief compile-worker --memory-limit BYTES
-/// --max-memory-per-key BYTES`, the component on stdin, the artifact on
-/// stdout. Exits 0 with an artifact, [`EXIT_INVALID`] when the component
-/// does not compile, 1 when the worker cannot run; out of memory it aborts
-/// (Rust's allocation failure) or says so on stderr.
-pub fn serve(memory_limit: u64, max_memory_per_key: u64) -> ExitCode {
+/// --max-memory-per-key BYTES --memory-init copy|copy-on-write`, the
+/// component on stdin, the artifact on stdout. Exits 0 with an artifact,
+/// [`EXIT_INVALID`] when the component does not compile, 1 when the worker
+/// cannot run; out of memory it aborts (Rust's allocation failure) or says
+/// so on stderr.
+pub fn serve(memory_limit: u64, settings: EngineSettings) -> ExitCode {
     if let Err(e) = limit_address_space(memory_limit) {
         eprintln!("fief compile-worker: cannot limit its address space: {e}");
         return ExitCode::FAILURE;
@@ -73,7 +92,7 @@ pub fn serve(memory_limit: u64, max_memory_per_key: u64) -> ExitCode {
         eprintln!("fief compile-worker: reading the component from stdin: {e}");
         return ExitCode::FAILURE;
     }
-    let engine = match Engine::new(&engine_config(max_memory_per_key)) {
+    let engine = match Engine::new(&engine_config(settings)) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("fief compile-worker: cannot create the engine: {e:#}");
@@ -114,7 +133,7 @@ pub(crate) struct CompileWorker {
     program: PathBuf,
     memory_limit: ByteSize,
     timeout: Duration,
-    max_memory_per_key: ByteSize,
+    settings: EngineSettings,
 }
 
 impl CompileWorker {
@@ -124,7 +143,7 @@ impl CompileWorker {
             program: config.compile_worker.clone()?,
             memory_limit: config.compile_memory_limit,
             timeout: config.compile_timeout,
-            max_memory_per_key: config.max_memory_per_key,
+            settings: EngineSettings::of(config),
         })
     }
 
@@ -144,7 +163,9 @@ impl CompileWorker {
             .arg("--memory-limit")
             .arg(self.memory_limit.as_u64().to_string())
             .arg("--max-memory-per-key")
-            .arg(self.max_memory_per_key.as_u64().to_string())
+            .arg(self.settings.max_memory_per_key.to_string())
+            .arg("--memory-init")
+            .arg(self.settings.memory_init.to_string())
             .env("RUST_LOG", "error")
             // mimalloc (the `mimalloc` feature) reserves address space 1 GiB
             // at a time, which `--memory-limit` (the worker's `RLIMIT_AS`)

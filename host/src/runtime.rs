@@ -22,10 +22,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::bindings::KeyModule;
 use crate::compile_cache::CompileCache;
+use crate::compile_worker::{EngineSettings, engine_config};
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::heap_trim::{HeapTrimmer, TRIM_MIN_DROP, TRIM_PERIOD};
@@ -36,7 +37,7 @@ use crate::tick_wakes::TickWakes;
 /// Guard pages after each linear memory in the pool. Memories are bounded by
 /// explicit checks (the reservation is only `max_memory_per_key`), so a small
 /// guard is enough.
-const MEMORY_GUARD: u64 = 64 * 1024;
+pub(crate) const MEMORY_GUARD: u64 = 64 * 1024;
 
 /// Core instances a component may have: a Rust guest has 3, a componentize-py
 /// guest 14.
@@ -86,13 +87,8 @@ impl Runtime {
             // "Issue 20").
             .decommit_batch_size(DECOMMIT_BATCH as usize);
 
-        let mut wasm = Config::new();
-        wasm.wasm_component_model(true)
-            .epoch_interruption(true)
-            .memory_reservation(config.max_memory_per_key.as_u64())
-            .memory_guard_size(MEMORY_GUARD)
-            .memory_reservation_for_growth(0)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let mut wasm = engine_config(EngineSettings::of(config));
+        wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&wasm)
             .map_err(|e| Error::Config(format!("cannot create the wasm engine: {e}")))?;
 
@@ -282,7 +278,7 @@ mod tests {
     use std::hash::{Hash, Hasher};
 
     use super::*;
-    use crate::config::ByteSize;
+    use crate::config::{ByteSize, MemoryInit};
 
     fn config(keys: u32, memory: ByteSize) -> NodeConfig {
         NodeConfig {
@@ -334,15 +330,21 @@ mod tests {
     /// compilation settings: the worker's must be the node's.
     #[test]
     fn worker_engine_matches_the_node_engine() {
-        let config = NodeConfig {
-            max_live_keys: 4,
-            ..NodeConfig::default()
-        };
-        let runtime = Runtime::new(&config).expect("the node's runtime");
-        let worker = Engine::new(&crate::compile_worker::engine_config(
-            config.max_memory_per_key.as_u64(),
-        ))
-        .expect("the worker's engine");
-        assert_eq!(hash_of(&runtime.engine), hash_of(&worker));
+        let mut hashes = Vec::new();
+        for memory_init in [MemoryInit::CopyOnWrite, MemoryInit::Copy] {
+            let config = NodeConfig {
+                max_live_keys: 4,
+                memory_init,
+                ..NodeConfig::default()
+            };
+            let runtime = Runtime::new(&config).expect("the node's runtime");
+            let worker = Engine::new(&engine_config(EngineSettings::of(&config)))
+                .expect("the worker's engine");
+            assert_eq!(hash_of(&runtime.engine), hash_of(&worker), "{memory_init}");
+            hashes.push(hash_of(&worker));
+        }
+        // Artifacts of one setting are not taken for the other's (the
+        // compile cache keys them by this hash).
+        assert_ne!(hashes[0], hashes[1]);
     }
 }

@@ -45,6 +45,7 @@ mod limbo;
 mod limits;
 mod linearizability;
 mod logged_cluster;
+mod memory_init;
 mod observability;
 mod probes;
 mod processes;

@@ -15,6 +15,7 @@ mod cpu;
 mod dir;
 mod etcd_url;
 pub(crate) mod http;
+mod memory_init;
 mod module;
 mod names;
 pub mod option_table;
@@ -38,6 +39,7 @@ use crate::error::{Error, Result};
 pub use cpu::{CpuCores, CpuShare, GuestThreadPolicy};
 pub use dir::DirGrant;
 pub use etcd_url::EtcdUrl;
+pub use memory_init::MemoryInit;
 pub use module::{ModuleCeilings, ModuleOptions};
 pub use names::{validate_key, validate_module_name, validate_qualified_module_name};
 
@@ -220,6 +222,11 @@ pub struct NodeConfig {
     /// slice) or `idle` (Linux `SCHED_IDLE`: only on cores nothing else
     /// wants; for a node alone on its machine). See [`GuestThreadPolicy`].
     pub guest_thread_policy: GuestThreadPolicy,
+    /// How each key's memory gets its module's initial data: `copy-on-write`
+    /// (the default: the module's data image mapped, pages shared until
+    /// written) or `copy` (the data segments copied at each activation: for
+    /// small images and heavy activation churn). See [`MemoryInit`].
+    pub memory_init: MemoryInit,
     /// Cores one tenant's keys (the modules `tenant/…`; modules of no tenant
     /// count as one) may use together on this node over
     /// `cpu_budget_per_tenant_window` (`1500m`, `1.5`); past it they are
@@ -306,6 +313,7 @@ impl Default for NodeConfig {
             guest_threads: 0,
             guest_thread_nice: 10,
             guest_thread_policy: GuestThreadPolicy::Nice,
+            memory_init: MemoryInit::CopyOnWrite,
             cpu_budget_per_tenant: None,
             cpu_budget_per_tenant_window: Duration::from_secs(1),
             tenant_cpu_weights: std::collections::BTreeMap::new(),
@@ -560,6 +568,21 @@ mod tests {
             .expect_err("no such policy")
             .to_string();
         assert!(why.contains("realtime") && why.contains("idle"), "{why}");
+    }
+
+    #[test]
+    fn a_config_file_names_how_memory_is_initialised() {
+        let config: NodeConfig = toml::from_str("memory_init = \"copy\"").expect("it is read");
+        assert_eq!(config.memory_init, MemoryInit::Copy);
+        let default: NodeConfig = toml::from_str("").expect("an empty file");
+        assert_eq!(default.memory_init, MemoryInit::CopyOnWrite);
+        let why = toml::from_str::<NodeConfig>("memory_init = \"mmap\"")
+            .expect_err("no such setting")
+            .to_string();
+        assert!(
+            why.contains("mmap") && why.contains("copy-on-write"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -94,13 +94,20 @@ struct CompileWorkerArgs {
     /// The node's max_memory_per_key, in bytes (an engine setting).
     #[arg(long)]
     max_memory_per_key: u64,
+    /// The node's memory_init (an engine setting).
+    #[arg(long, default_value = "copy-on-write")]
+    memory_init: fief::config::MemoryInit,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::CompileWorker(args) = &cli.command {
         // Before any thread or runtime: the worker limits its own memory.
-        return fief::compile_worker::serve(args.memory_limit, args.max_memory_per_key);
+        let settings = fief::compile_worker::EngineSettings {
+            max_memory_per_key: args.max_memory_per_key,
+            memory_init: args.memory_init,
+        };
+        return fief::compile_worker::serve(args.memory_limit, settings);
     }
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());

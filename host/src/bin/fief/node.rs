@@ -139,6 +139,13 @@ pub(crate) struct NodeArgs {
     /// node alone on its machine).
     #[arg(long, env = "FIEF_GUEST_THREAD_POLICY")]
     pub(crate) guest_thread_policy: Option<fief::config::GuestThreadPolicy>,
+    /// How each key's memory gets its module's initial data:
+    /// `copy-on-write` (default: the data image mapped, shared until
+    /// written; for Python and JavaScript guests) or `copy` (copied at each
+    /// activation: faster under heavy activation churn for guests with
+    /// small images, such as Rust's).
+    #[arg(long, env = "FIEF_MEMORY_INIT")]
+    pub(crate) memory_init: Option<fief::config::MemoryInit>,
     /// A ceiling over every module's option, `NAME=VALUE` (repeatable; in
     /// the environment, comma-separated), e.g. `cpu_limit=5s`: a deploy
     /// asking for more is refused. Every ceiling and its default is listed
@@ -246,6 +253,7 @@ pub(crate) fn node_config(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
         guest_threads,
         guest_thread_nice,
         guest_thread_policy,
+        memory_init,
         http_header_read_timeout,
         http_idle_timeout,
         http_body_read_timeout,
