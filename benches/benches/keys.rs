@@ -177,8 +177,6 @@ impl Store {
 /// namespace).
 const NAMESPACE: &str = "bench";
 
-/// A node on `store` with the stored counter deployed, its module and the
-/// node both held to `budget` live keys.
 /// The node's `memory_init`: `FIEF_BENCH_MEMORY_INIT`, else the default.
 fn memory_init() -> MemoryInit {
     std::env::var("FIEF_BENCH_MEMORY_INIT").map_or(MemoryInit::default(), |text| {
@@ -187,6 +185,8 @@ fn memory_init() -> MemoryInit {
     })
 }
 
+/// A node on `store` with the stored counter deployed, its module and the
+/// node both held to `budget` live keys.
 async fn stored_node(store: &Store, budget: u32) -> Instance {
     let mut config = NodeConfig {
         namespace: NAMESPACE.to_owned(),

@@ -28,7 +28,12 @@ use wasmtime::{Config, Engine};
 pub use crate::config::compile::{DEFAULT_MEMORY_LIMIT, MIN_MEMORY_LIMIT};
 use crate::config::{MemoryInit, NodeConfig};
 use crate::error::{Error, Result};
-use crate::runtime::MEMORY_GUARD;
+
+/// Guard pages after each linear memory in the pool (the node's engine and
+/// the worker's: a compiled artifact is tied to it). Memories are bounded by
+/// explicit checks (the reservation is only `max_memory_per_key`), so a
+/// small guard is enough.
+pub(crate) const MEMORY_GUARD: u64 = 64 * 1024;
 
 /// The worker's exit code when the component does not compile (its reason
 /// is on stderr).

@@ -26,18 +26,13 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::bindings::KeyModule;
 use crate::compile_cache::CompileCache;
-use crate::compile_worker::{EngineSettings, engine_config};
+use crate::compile_worker::{EngineSettings, MEMORY_GUARD, engine_config};
 use crate::config::NodeConfig;
 use crate::error::{Error, Result};
 use crate::heap_trim::{HeapTrimmer, TRIM_MIN_DROP, TRIM_PERIOD};
 use crate::key::KeyCtx;
 use crate::scheduler::{Scheduler, guest_threads};
 use crate::tick_wakes::TickWakes;
-
-/// Guard pages after each linear memory in the pool. Memories are bounded by
-/// explicit checks (the reservation is only `max_memory_per_key`), so a small
-/// guard is enough.
-pub(crate) const MEMORY_GUARD: u64 = 64 * 1024;
 
 /// Core instances a component may have: a Rust guest has 3, a componentize-py
 /// guest 14.

@@ -2,8 +2,9 @@
 //! when the key starts, as a configuration writes it (`memory_init =
 //! "copy"`).
 //!
-//! A plain value: the engine is built with it in `crate::runtime`. This
-//! file must not build or configure anything.
+//! A plain value: the node's and the compile worker's engines are built
+//! with it (`crate::compile_worker::engine_config`). This file must not
+//! build or configure anything.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,12 +28,13 @@ pub enum MemoryInit {
     #[default]
     CopyOnWrite,
     /// Copy the module's data segments into each key's fresh memory when it
-    /// starts: no shared pages, so no shootdowns, and one memory mapping
-    /// per live key instead of three. For nodes whose guests have small
+    /// starts: no shared pages, so no shootdowns, and two memory mappings
+    /// per live key instead of four. For nodes whose guests have small
     /// data images and activate often (eviction under a live budget):
-    /// measured with a Rust guest of an 8 KiB image, 36–48 % more
-    /// activations a second under churn, a third off a reactivation; but a
-    /// Python guest's activation takes 7× as long.
+    /// measured with a Rust guest of an 8 KiB image, 36–114 % more
+    /// activations a second under churn (five pairs of runs) and a third
+    /// off a reactivation, at the same RSS; but a Python guest's activation
+    /// takes 7× as long.
     Copy,
 }
 
