@@ -22,7 +22,7 @@ pub enum MemoryInit {
     /// reads and then writes is replaced under the other cores' feet, which
     /// costs an interrupt to every core running a thread of the node
     /// (TLB shootdown): under heavy activation churn on a busy node that is
-    /// most of an activation's cost. The default, and the setting for
+    /// about a third of an activation's cost. The default, and the setting for
     /// Python and JavaScript guests (a copy of their snapshot at every
     /// activation costs milliseconds).
     #[default]
