@@ -525,6 +525,7 @@ pub(crate) fn finish(
             Some(artifact),
         ),
     };
+    build_memory_images(&component);
     let uses_storage = component
         .component_type()
         .imports(&runtime.engine)
@@ -569,6 +570,56 @@ pub(crate) fn finish(
     })
 }
 
+/// Pauses between attempts at building a module's memory images: the
+/// kernel itself waits up to ~150 ms inside each attempt.
+const IMAGE_RETRY_PAUSES: [Duration; 4] = [
+    Duration::from_millis(10),
+    Duration::from_millis(40),
+    Duration::from_millis(160),
+    Duration::from_millis(640),
+];
+
+/// Build the copy-on-write images of `component`'s memories now, at deploy
+/// time, instead of wasmtime's default: lazily, inside the first key's
+/// instantiation.
+///
+/// On Linux an image is a sealed memfd, and sealing it against writes
+/// (`F_ADD_SEALS`) fails with `EBUSY` while the kernel still holds a
+/// transient reference to one of the pages just written (CI saw a Python
+/// key's activation fail so). Doing it here keeps that off every key's
+/// path, and a failed attempt is retried with a fresh memfd after a pause
+/// ([`IMAGE_RETRY_PAUSES`]). Should every attempt fail, the deploy still
+/// goes on, with a warning: wasmtime does not remember the failure and
+/// tries again at the next activation. Does nothing when the node copies
+/// initial memory (`memory_init = "copy"`). Blocks: call it off the async
+/// runtime.
+fn build_memory_images(component: &Component) {
+    if let Err(e) = with_retries(&IMAGE_RETRY_PAUSES, || {
+        component.initialize_copy_on_write_image()
+    }) {
+        tracing::warn!(
+            error = %format!("{e:#}"),
+            attempts = IMAGE_RETRY_PAUSES.len() + 1,
+            "cannot build a module's memory image; its keys' activations will try again"
+        );
+    }
+}
+
+/// Run `attempt` until it succeeds, pausing for each of `pauses` in turn
+/// after a failure; the last failure when all `pauses.len() + 1` fail.
+fn with_retries<E>(
+    pauses: &[Duration],
+    mut attempt: impl FnMut() -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    for pause in pauses {
+        match attempt() {
+            Ok(()) => return Ok(()),
+            Err(_) => std::thread::sleep(*pause),
+        }
+    }
+    attempt()
+}
+
 /// Validate and compile a module on this thread. CPU-heavy: call it off
 /// the async runtime.
 pub(crate) fn compile(
@@ -600,6 +651,27 @@ pub(crate) fn compile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_attempt_is_retried_after_each_pause_and_the_last_failure_is_returned() {
+        let pauses = [Duration::ZERO; 3];
+        let mut calls = 0;
+        let outcome = with_retries(&pauses, || {
+            calls += 1;
+            if calls < 3 { Err(calls) } else { Ok(()) }
+        });
+        assert_eq!(
+            (outcome, calls),
+            (Ok(()), 3),
+            "succeeds at its third attempt"
+        );
+        let mut calls = 0;
+        let outcome = with_retries(&pauses, || {
+            calls += 1;
+            Err::<(), _>(calls)
+        });
+        assert_eq!(outcome, Err(4), "four attempts, then the last failure");
+    }
 
     /// A component exporting `fief:key/alarm-handler` whose `handle-alarm`
     /// takes `params` (WAT component-model types).

@@ -1,9 +1,10 @@
 //! `memory_init` (docs/operations.md, "Live keys and eviction"): a node set
 //! to `copy` gives each key its module's data by copying, so no key maps
 //! the module's data image; the default maps it copy-on-write into every
-//! live key. Read from the node process's own `/proc/<pid>/maps`, so the
-//! node runs as a child process (the test process's other nodes map images
-//! of their own).
+//! live key, from an image built when the module is deployed. Read from the
+//! node process's own `/proc/<pid>/maps` and `/proc/<pid>/fd`, so the node
+//! runs as a child process (the test process's other nodes map images of
+//! their own).
 
 use fief_tests::{NodeProcess, fief_cli, guests};
 
@@ -48,5 +49,38 @@ fn a_node_that_copies_initial_memory_maps_no_data_image_into_its_keys() {
     assert_eq!(
         copied, 0,
         "with --memory-init copy no key maps a data image: {copied} mappings"
+    );
+}
+
+/// The node's open files that hold a module's data image (memfds named
+/// `wasm-memory-image`).
+fn image_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the node's open files")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("wasm-memory-image"))
+        .count()
+}
+
+#[test]
+fn a_modules_data_image_is_built_at_deploy_not_in_its_first_keys_activation() {
+    let deploy = format!("counter={}", guests::COUNTER);
+    let node = NodeProcess::start(&["--no-compile-cache", "--deploy", deploy.as_str()]);
+    let built = image_files(node.pid());
+    assert!(
+        built >= 1,
+        "the deployed counter's data image exists before any key is activated: {built} image files"
+    );
+    let copying = NodeProcess::start(&[
+        "--no-compile-cache",
+        "--deploy",
+        deploy.as_str(),
+        "--memory-init",
+        "copy",
+    ]);
+    assert_eq!(
+        image_files(copying.pid()),
+        0,
+        "a node that copies initial memory builds no image"
     );
 }
