@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fief::{Instance, ModuleOptions, NodeConfig};
+use fief_tests::storage_backend::ControlledBackend;
 use fief_tests::ws::{self, Client};
 use fief_tests::{HttpServer, eventually, guests, test_config};
 use futures_util::{SinkExt, StreamExt};
@@ -21,8 +22,18 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 const PATIENCE: Duration = Duration::from_secs(10);
 
 async fn node(options: ModuleOptions, config: NodeConfig) -> (Arc<Instance>, HttpServer) {
+    node_on(ControlledBackend::new(), options, config).await
+}
+
+/// [`node`] with `store` for the keys' durable state.
+async fn node_on(
+    store: Arc<ControlledBackend>,
+    options: ModuleOptions,
+    config: NodeConfig,
+) -> (Arc<Instance>, HttpServer) {
     let node = Arc::new(
         Instance::builder(config)
+            .storage(store)
             .module("chat", guests::bytes(guests::CHAT), options.clone())
             .module("counter", guests::bytes(guests::COUNTER), options.clone())
             .module("legacy", guests::bytes(guests::LEGACY), options)
@@ -160,6 +171,35 @@ async fn a_connection_outlives_its_keys_process_and_the_next_process_finds_it() 
     .await;
     assert_eq!(call(&node, "chat", "attic", "say again").await, "1");
     assert_eq!(next_text(&mut ann).await, "again");
+}
+
+/// A frame whose handler was under way when its process was killed (here
+/// in its commit, which the store holds) is not passed again: its commit
+/// lands after the kill, so the next process handling it would keep the
+/// message twice (found by the chat browser test under load: a fence in the
+/// middle of a frame, and the room kept it twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frame_whose_process_is_killed_in_its_handler_is_not_handled_again() {
+    let store = ControlledBackend::new();
+    let (node, server) = node_on(store.clone(), ModuleOptions::default(), test_config()).await;
+    let mut ann = connect(&server, "chat", "porch").await;
+    // Live, its (empty) state loaded, the connection attached.
+    assert_eq!(call(&node, "chat", "porch", "connections").await, "1");
+    let before = store.commits();
+    store.set_held(true);
+    ann.send(Message::text("one")).await.unwrap();
+    eventually(PATIENCE, "the frame's commit reached the store", || {
+        store.commits() > before
+    })
+    .await;
+    assert!(node.kill_key_and_wait("chat", "porch").await);
+    store.set_held(false);
+    // The killed process's commit landed; the next frame shows that the
+    // first was passed to the next process at most once (frames of a
+    // connection are handled in order).
+    ann.send(Message::text("two")).await.unwrap();
+    assert_eq!(next_text(&mut ann).await, "two");
+    assert_eq!(call(&node, "chat", "porch", "history").await, "one\ntwo");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -470,13 +470,20 @@ pub(crate) enum Envelope {
 }
 
 /// A connection event on its way to its key, with where to say it was
-/// handled. Dropped unhandled (the key died or moved first, its mailbox
-/// closed, the node refused it), it says so by dropping its sender: the
-/// socket's node then passes the event again, to whichever process or owner
-/// has the key next, so an event is handled once however the key moves.
+/// handled. Dropped before its handler began (the key died or moved first,
+/// its mailbox closed, the node refused it), it says so by dropping its
+/// sender: the socket's node then passes the event again, to whichever
+/// process or owner has the key next, so an event is handled once however
+/// the key moves. Dropped once its handler began (a kill, a fence, in the
+/// middle of it) it counts as handled, as a trap does: the handler may
+/// have committed its writes already (a commit in the writer's queue lands
+/// even if its process is killed), so passing it again could handle it
+/// twice.
 pub(crate) struct ConnDelivery {
     /// The event.
     pub(crate) event: ConnEvent,
+    /// Whether its handler began.
+    began: bool,
     handled: Option<oneshot::Sender<()>>,
     /// Run by the key's task as soon as the handler ran, before its next
     /// message (a stop for a move, say): records the frame as handled.
@@ -493,20 +500,38 @@ impl ConnDelivery {
         let (tx, rx) = oneshot::channel();
         let delivery = ConnDelivery {
             event,
+            began: false,
             handled: Some(tx),
             on_handled: Some(on_handled),
         };
         (delivery, rx)
     }
 
+    /// Its handler begins: from here on it is not passed again.
+    pub(crate) fn begin(&mut self) {
+        self.began = true;
+    }
+
     /// The key's handler ran on it (to its end, or to a trap: an event
     /// that kills its key is not passed again).
     pub(crate) fn handled(mut self) {
+        self.record();
+    }
+
+    fn record(&mut self) {
         if let Some(record) = self.on_handled.take() {
             record();
         }
         if let Some(tx) = self.handled.take() {
             let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for ConnDelivery {
+    fn drop(&mut self) {
+        if self.began {
+            self.record();
         }
     }
 }

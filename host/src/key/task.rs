@@ -745,7 +745,8 @@ async fn dispatch(
             Ok(()) => Step::Continue,
             Err(Death(why)) => Step::Died(why),
         },
-        Envelope::Connection(delivery) => {
+        Envelope::Connection(mut delivery) => {
+            delivery.begin();
             let outcome = process.handle_connection(&delivery.event).await;
             delivery.handled();
             match outcome {
