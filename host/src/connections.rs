@@ -379,6 +379,11 @@ impl Attached {
         });
     }
 
+    /// Forget every attachment (the node fenced).
+    pub(crate) fn clear(&self) {
+        lock(&self.keys).clear();
+    }
+
     /// Attached connections, over every key.
     pub(crate) fn count(&self) -> usize {
         lock(&self.keys).values().map(Vec::len).sum()

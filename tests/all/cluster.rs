@@ -342,7 +342,7 @@ pub struct Cluster {
     pub arbiter: LocalArbiter,
     test_arbiter: Arc<TestArbiter>,
     /// `nodes[i]` is `n<i>`; `None` once crashed.
-    pub nodes: Vec<Option<Instance>>,
+    pub nodes: Vec<Option<Arc<Instance>>>,
     /// Every key life on every node.
     pub lives: ownership_checker::LifeRecorder,
     proxies: Vec<PeerProxy>,
@@ -424,7 +424,7 @@ impl Cluster {
             }
             let node = builder.start().await.unwrap();
             assert_eq!(node.status().lease, LeaseState::Current, "n{i} joined");
-            nodes.push(Some(node));
+            nodes.push(Some(Arc::new(node)));
         }
         Cluster {
             clock,
@@ -450,7 +450,7 @@ impl Cluster {
         self.nodes
             .iter()
             .enumerate()
-            .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
+            .filter_map(|(i, n)| n.as_ref().map(|n| (i, &**n)))
     }
 
     /// The stepped clock's reading, as time since the cluster started.
@@ -622,7 +622,17 @@ impl Cluster {
     /// is not released).
     pub async fn crash(&mut self, i: usize) {
         let node = self.nodes[i].take().expect("the node is running");
-        node.crash().await;
+        Arc::into_inner(node)
+            .expect("nothing else holds a node that crashes (no HTTP server of it)")
+            .crash()
+            .await;
+    }
+
+    /// Serve node `i`'s HTTP API (WebSocket connections included) on a
+    /// loopback port, until the server is dropped.
+    pub async fn serve_http(&self, i: usize) -> fief_tests::HttpServer {
+        let node = self.nodes[i].clone().expect("the node is running");
+        fief_tests::HttpServer::start(node).await
     }
 
     /// When the arbiter will judge node `i`'s lease expired, assuming its

@@ -55,6 +55,7 @@ mod runtime;
 mod schemathesis;
 mod self_fencing;
 mod sockets;
+mod sockets_cluster;
 mod sockets_processes;
 mod storage;
 mod storage_cluster;

@@ -76,6 +76,11 @@ pub enum Route {
         partition: PartitionId,
         /// The owner, per this node's copy of the table.
         owner: NodeId,
+        /// The token it owns the partition under, per that copy: a new one
+        /// after every owner change, including the owner's own fence and
+        /// rejoin (what it held before is gone, its connections' attachments
+        /// too).
+        token: OwnershipToken,
     },
     /// Nobody may serve the message here.
     Refuse(RouteRefusal),
@@ -272,6 +277,7 @@ impl OwnershipTable {
             Some(a) => Route::Forward {
                 partition,
                 owner: a.node.clone(),
+                token: a.token,
             },
             None => Route::Refuse(RouteRefusal::Unowned(partition)),
         }
@@ -334,11 +340,13 @@ mod tests {
             Route::Refuse(RouteRefusal::Unowned(PartitionId(0)))
         );
         table.reassign([(PartitionId(0), Some(b.clone()))]);
+        let token = table.owner(PartitionId(0)).unwrap().token;
         assert_eq!(
             table.route(&a, current(), "k"),
             Route::Forward {
                 partition: PartitionId(0),
-                owner: b
+                owner: b,
+                token,
             }
         );
     }

@@ -250,6 +250,10 @@ impl NodeShared {
             tracing::warn!(node = %self.node_id, dropped, "handoff states waiting here were dropped by the fence");
             self.metrics.handoff_states("dropped_fence", dropped);
         }
+        // Nor the connections attached to its keys: each one's holder
+        // attaches it to the key's next owner, known by its token (even if
+        // that is this node again, after it rejoined).
+        self.connections.attached.clear();
         *lock(&self.fences) += 1;
         tracing::warn!(node = %self.node_id, cause, killed, "node fenced");
         let at = std::time::Instant::now();

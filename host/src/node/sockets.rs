@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::response::{IntoResponse, Response};
-use fief_core::{NodeId, PartitionId, Route};
+use fief_core::{NodeId, OwnershipToken, PartitionId, Route};
 use tokio::time::Instant;
 
 use super::{AbortOnDrop, Instance, NodeShared};
@@ -129,8 +129,11 @@ struct SocketTask {
     module: String,
     key: String,
     guard: SocketGuard,
-    /// The owner the connection is attached to, as far as this task knows.
-    owner: Option<NodeId>,
+    /// The owner the connection is attached to, and the token it owned the
+    /// key's partition under, as far as this task knows. A new token is a
+    /// new owner even on the same node: one that fenced and rejoined forgot
+    /// its attachments.
+    owner: Option<Owner>,
     /// The number of the last frame (or close) passed to the key.
     seq: u64,
 }
@@ -294,6 +297,13 @@ impl SocketTask {
                 .pass_conn_events(&self.module, &self.key, seq, again, vec![event.clone()])
                 .await;
             drop(node);
+            if !matches!(outcome, Ok(ConnAck::Delivered)) {
+                tracing::debug!(
+                    module = %self.module, key = %self.key, id, seq, again,
+                    owner = ?owner, outcome = ?outcome,
+                    "a connection event was not delivered; passed again"
+                );
+            }
             match outcome {
                 Ok(ConnAck::Delivered) => {
                     self.owner = owner;
@@ -302,6 +312,18 @@ impl SocketTask {
                 Ok(ConnAck::Refused { code, reason }) => {
                     return Err(End {
                         close: Some((code, reason)),
+                        tell_key: None,
+                    });
+                }
+                // Passed again and again until the deadline, then given
+                // up on: a connection is never left open with its frames
+                // going nowhere.
+                Ok(ack @ (ConnAck::Unattached | ConnAck::Retry)) if Instant::now() >= deadline => {
+                    let why = format!(
+                        "no owner of the key handled the connection's event in time (the last answer: {ack:?})"
+                    );
+                    return Err(End {
+                        close: Some((close::UNAVAILABLE, crate::guest_log::bounded(why, 123))),
                         tell_key: None,
                     });
                 }
@@ -347,11 +369,15 @@ fn reconnect(why: &str) -> End {
     }
 }
 
-/// The node that owns `key` now, if the routing view names one.
-fn owner_of(node: &NodeShared, key: &str) -> Option<NodeId> {
+/// A key's owner: the node, and the token it owns the key's partition
+/// under.
+type Owner = (NodeId, OwnershipToken);
+
+/// The owner of `key` now, if the routing view names one.
+fn owner_of(node: &NodeShared, key: &str) -> Option<Owner> {
     match node.route(key) {
-        Route::Local { .. } => Some(node.node_id.clone()),
-        Route::Forward { owner, .. } => Some(owner),
+        Route::Local { token, .. } => Some((node.node_id.clone(), token)),
+        Route::Forward { owner, token, .. } => Some((owner, token)),
         Route::Refuse(_) => None,
     }
 }
@@ -424,6 +450,18 @@ impl NodeShared {
         again: bool,
         events: Vec<ConnEvent>,
     ) -> Result<ConnAck> {
+        // Only the key's owner keeps its attachments: a holder whose view
+        // is behind (it still sees this node as the owner after a fence, a
+        // move) is told so before anything is attached here.
+        match self.route(key) {
+            Route::Local { .. } => {}
+            Route::Forward { owner, .. } => {
+                return Err(Error::NotOwner {
+                    owner: owner.to_string(),
+                });
+            }
+            Route::Refuse(refusal) => return Err(super::refused(refusal)),
+        }
         let slot = self.module(module)?;
         let (has_handler, max) = {
             let current = slot.peek();
@@ -459,7 +497,17 @@ impl NodeShared {
                 | ConnEvent::Closed { id, .. } => {
                     match attached.admit(module, key, *id, seq, again) {
                         Admit::Handle => *id,
-                        Admit::Duplicate => continue,
+                        Admit::Duplicate => {
+                            tracing::debug!(
+                                module,
+                                key,
+                                id,
+                                seq,
+                                again,
+                                "a connection event handled before (or maybe, by a failed owner) is not handled again"
+                            );
+                            continue;
+                        }
                         // A close of a connection not attached here: nothing
                         // to tell; a frame: attach it first.
                         Admit::Unattached if matches!(event, ConnEvent::Closed { .. }) => continue,
