@@ -364,7 +364,10 @@ impl ClusterNode {
             // A key's end is logged by its task, at `debug` when the key
             // was one of many killed at once (a fence's): the tests read
             // those lines too.
-            .env("RUST_LOG", "info,fief::key::task=debug")
+            .env(
+                "RUST_LOG",
+                "info,fief::key::task=debug,fief::node::sockets=debug",
+            )
             .env("NO_COLOR", "1")
             .env_remove("FIEF_CONFIG")
             .stdin(Stdio::null())
