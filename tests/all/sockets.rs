@@ -36,7 +36,8 @@ async fn node_on(
             .storage(store)
             .module("chat", guests::bytes(guests::CHAT), options.clone())
             .module("counter", guests::bytes(guests::COUNTER), options.clone())
-            .module("legacy", guests::bytes(guests::LEGACY), options)
+            .module("legacy", guests::bytes(guests::LEGACY), options.clone())
+            .module("probe", guests::bytes(guests::PROBE), options)
             .start()
             .await
             .expect("a node"),
@@ -200,6 +201,25 @@ async fn a_frame_whose_process_is_killed_in_its_handler_is_not_handled_again() {
     ann.send(Message::text("two")).await.unwrap();
     assert_eq!(next_text(&mut ann).await, "two");
     assert_eq!(call(&node, "chat", "porch", "history").await, "one\ntwo");
+}
+
+/// A connection to a key that cannot start (the probe refuses every key
+/// named `refuse-…` in `init`) is closed with 1011 once its first event was
+/// passed back for the holder's whole patience (30 s), not left open with
+/// its frames going nowhere; the node serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_whose_key_never_starts_is_closed_not_left_hanging() {
+    let (node, server) = node(ModuleOptions::default(), test_config()).await;
+    let mut doomed = connect(&server, "probe", "refuse-door").await;
+    let close = ws::next_close(&mut doomed, Duration::from_secs(60))
+        .await
+        .expect("a close frame");
+    assert_eq!(u16::from(close.code), 1011, "{close:?}");
+    assert!(
+        close.reason.contains("failing to start"),
+        "the reason says what happened: {close:?}"
+    );
+    assert_eq!(call(&node, "chat", "hall", "connections").await, "0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -319,9 +319,10 @@ impl SocketTask {
                 // up on: a connection is never left open with its frames
                 // going nowhere.
                 Ok(ack @ (ConnAck::Unattached | ConnAck::Retry)) if Instant::now() >= deadline => {
-                    let why = format!(
-                        "no owner of the key handled the connection's event in time (the last answer: {ack:?})"
-                    );
+                    let why = match ack {
+                        ConnAck::Retry => "the key did not take the connection's event in time (it keeps failing to start, or moving); the owner's log says why".to_owned(),
+                        _ => "the key's owner did not take the connection in time".to_owned(),
+                    };
                     return Err(End {
                         close: Some((close::UNAVAILABLE, crate::guest_log::bounded(why, 123))),
                         tell_key: None,
